@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import redis.asyncio as redis_asyncio
+
+KEY_PREFIX = "context-gateway:"
+
+
+class RedisStore:
+    """Redis-backed store shared by every gateway replica."""
+
+    def __init__(self, url: str) -> None:
+        self._client = redis_asyncio.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=2.0
+        )
+
+    async def get(self, key: str) -> str | None:
+        value = await self._client.get(KEY_PREFIX + key)
+        return None if value is None else str(value)
+
+    async def set(self, key: str, value: str, ttl_seconds: int | None = None) -> None:
+        await self._client.set(KEY_PREFIX + key, value, ex=ttl_seconds or None)
+
+    async def incr_by(self, key: str, amount: int, ttl_seconds: int | None = None) -> int:
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.incrby(KEY_PREFIX + key, amount)
+            if ttl_seconds:
+                pipe.expire(KEY_PREFIX + key, ttl_seconds, nx=True)
+            results = await pipe.execute()
+        return int(results[0])
+
+    async def ping(self) -> bool:
+        return bool(await self._client.ping())
+
+    async def close(self) -> None:
+        await self._client.aclose()

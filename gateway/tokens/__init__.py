@@ -1,0 +1,1 @@
+"""Prompt token counting and context-window resolution."""
