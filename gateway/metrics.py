@@ -1,0 +1,34 @@
+"""Prometheus metrics, served at GET /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+CHAT_REQUESTS = Counter(
+    "gateway_chat_requests_total", "Chat completions handled, by upstream status class.", ["status"]
+)
+COMPRESSIONS = Counter(
+    "gateway_compression_stages_total", "Compression stages applied to chat requests.", ["stage"]
+)
+PROMPT_TOKENS_SAVED = Counter(
+    "gateway_prompt_tokens_saved_total", "Prompt tokens removed by compression before forwarding."
+)
+OVERFLOW_RETRIES = Counter(
+    "gateway_overflow_retries_total", "Upstream context overflows answered by a compressed retry.", ["result"]
+)
+UPSTREAM_RETRIES = Counter(
+    "gateway_upstream_retries_total", "Extra upstream attempts after connection errors, 429 or 5xx."
+)
+SILENT_TRUNCATIONS = Counter(
+    "gateway_upstream_silent_truncations_total",
+    "Answers whose reported prompt tokens were far below what was sent (upstream truncated silently).",
+    ["model"],
+)
+REFUSALS = Counter(
+    "gateway_context_refusals_total", "Requests refused because they could not be made to fit."
+)
+GATEWAY_OVERHEAD = Histogram(
+    "gateway_request_overhead_seconds",
+    "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)

@@ -1,0 +1,114 @@
+"""Deciding what to send: count the prompt, find the budget, fit when over it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from gateway import metrics
+from gateway.chat_request import ChatRequest
+from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.errors import GatewayError
+from gateway.overflow import Overflow
+from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
+from gateway.tokens.windows import usable_budget
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+# Fitting a payload this large can take tens of milliseconds: do it off the event loop.
+FIT_IN_THREAD_BYTES = 256 * 1024
+# After an overflow the gateway's estimate was wrong: aim this far below the stated window.
+OVERFLOW_RETRY_HEADROOM = 0.9
+# When the upstream names no window, cut at least this share of what it refused.
+OVERFLOW_BLIND_CUT = 0.75
+
+
+@dataclass(frozen=True)
+class Plan:
+    body: bytes
+    tokens_before: int
+    tokens_after: int
+    budget: int | None
+    stages: tuple[str, ...] = ()
+
+
+async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | None = None) -> Plan:
+    """The body to forward: the original bytes when the prompt fits, a fitted one otherwise.
+
+    ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window.
+    """
+    counter = counter_for(chat.model)
+    await runtime.load_learned(chat.model)
+    tokens = await count_request_async(counter, chat.payload, size_hint=len(chat.raw))
+    if budget is None and chat.mode != "off":
+        window = runtime.windows.resolve_window(chat.model)
+        if window.tokens is not None:
+            cfg = runtime.settings.budget
+            budget = usable_budget(
+                window.tokens,
+                chat.payload,
+                default_output_reserve=cfg.default_output_reserve,
+                safety_margin=cfg.safety_margin,
+            )
+    if budget is None or (tokens <= budget and chat.mode != "aggressive"):
+        return Plan(chat.raw, tokens, tokens, budget)
+    if len(chat.raw) > FIT_IN_THREAD_BYTES:
+        return await asyncio.to_thread(_fitted_plan, chat, counter, tokens, budget)
+    return _fitted_plan(chat, counter, tokens, budget)
+
+
+def _fitted_plan(chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int) -> Plan:
+    messages = chat.messages
+    # Tool definitions, functions and response_format count against the budget but are never cut.
+    fixed = tokens - counter.messages(messages)
+    try:
+        result = fit(
+            messages,
+            model=chat.model,
+            budget_tokens=budget - fixed,
+            options=CompressionOptions(),
+            aggressive=chat.mode == "aggressive",
+        )
+    except ContextBudgetExceeded as exc:
+        metrics.REFUSALS.inc()
+        raise GatewayError(
+            400,
+            f"This request needs at least {exc.minimum + fixed} prompt tokens even after compression, "
+            f"but the model's usable budget is {budget} tokens (prompt was {tokens} tokens). "
+            "Shorten the system prompt or the latest message.",
+            param="messages",
+            code="context_length_exceeded",
+        ) from None
+    if not result.stages:
+        return Plan(chat.raw, tokens, tokens, budget)
+    for stage in result.stages:
+        metrics.COMPRESSIONS.labels(stage).inc()
+    tokens_after = result.tokens_after + fixed
+    metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - tokens_after))
+    body = orjson.dumps({**chat.payload, "messages": result.messages})
+    return Plan(body, tokens, tokens_after, budget, tuple(result.stages))
+
+
+def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int:
+    """A budget, in the gateway's own token units, that the upstream will accept this time.
+
+    When the upstream states its count of what was sent, its ratio to ours converts the stated
+    window into our units (our estimate can be off for non-OpenAI tokenizers).
+    """
+    ceiling = int(sent.tokens_after * OVERFLOW_RETRY_HEADROOM)
+    if overflow.window is None:
+        return min(ceiling, int(sent.tokens_after * OVERFLOW_BLIND_CUT))
+    cfg = runtime.settings.budget
+    budget = usable_budget(
+        overflow.window,
+        chat.payload,
+        default_output_reserve=cfg.default_output_reserve,
+        safety_margin=cfg.safety_margin,
+    )
+    if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
+        budget = budget * sent.tokens_after // overflow.prompt_tokens
+    return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

@@ -1,0 +1,59 @@
+"""Which headers cross the gateway, each way."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from starlette.datastructures import Headers
+
+from gateway.upstream import forward_headers
+
+REQUEST_ID = "x-request-id"
+GATEWAY_REQUEST_ID = "x-gateway-request-id"
+
+
+def request_id_for(headers: Headers) -> str:
+    """The caller's x-request-id when it sent a sane one, else a fresh one."""
+    given = headers.get(REQUEST_ID, "")
+    if 0 < len(given) <= 200 and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
+
+def to_upstream(
+    headers: Headers, *, api_key: str | None, request_id: str, identity_encoding: bool = False
+) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop ones; the configured key replaces the caller's.
+
+    ``identity_encoding`` asks the upstream for an uncompressed answer, for the routes whose
+    answer the gateway reads (usage, overflow errors).
+    """
+    out = forward_headers(headers.items())
+    drop = {REQUEST_ID}
+    if api_key:
+        drop.add("authorization")
+    if identity_encoding:
+        drop.add("accept-encoding")
+    out = [(name, value) for name, value in out if name.lower() not in drop]
+    if api_key:
+        out.append(("authorization", f"Bearer {api_key}"))
+    out.append((REQUEST_ID, request_id))
+    return out
+
+
+def to_client(
+    upstream_headers: Iterable[tuple[str, str]], *, request_id: str, extra: Iterable[tuple[str, str]] = ()
+) -> list[tuple[bytes, bytes]]:
+    """The upstream's headers (its x-request-id, rate limits …) plus the gateway's own."""
+    out: list[tuple[bytes, bytes]] = []
+    has_request_id = False
+    for name, value in upstream_headers:
+        lower = name.lower()
+        has_request_id = has_request_id or lower == REQUEST_ID
+        out.append((lower.encode("latin-1"), value.encode("latin-1")))
+    if not has_request_id:
+        out.append((REQUEST_ID.encode(), request_id.encode("latin-1")))
+    out.append((GATEWAY_REQUEST_ID.encode(), request_id.encode("latin-1")))
+    out.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in extra)
+    return out

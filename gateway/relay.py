@@ -1,0 +1,99 @@
+"""Relaying a chat answer to the client, and reading what the gateway learns from it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+
+import aiohttp
+import orjson
+
+from gateway.errors import error_body
+from gateway.upstream import UpstreamReply
+
+# The usage chunk is the last data event before [DONE]: this much tail is enough to find it.
+TAIL_BYTES = 4096
+
+
+def sse_error_event(message: str, code: str) -> bytes:
+    """An OpenAI-style error event: the SDKs raise it as an APIError instead of hanging."""
+    return b"data: " + error_body(message, type="server_error", code=code) + b"\n\n"
+
+
+async def relay_sse(
+    first_chunk: bytes,
+    rest: AsyncIterator[bytes],
+    *,
+    idle_timeout: float,
+    on_complete: Callable[[bytes], None],
+) -> AsyncIterator[bytes]:
+    """Yield the stream as it comes; a stalled or broken upstream ends it with an error event.
+
+    ``on_complete`` receives the stream's tail once the upstream finished normally.
+    """
+    tail = first_chunk[-TAIL_BYTES:]
+    yield first_chunk
+    try:
+        async for chunk in rest:
+            tail = (tail + chunk)[-TAIL_BYTES:]
+            yield chunk
+    except TimeoutError:
+        yield sse_error_event(
+            f"The upstream stream stalled for more than {idle_timeout:g} s or ran past the gateway's "
+            "total time limit; the gateway closed it.",
+            "upstream_idle_timeout",
+        )
+        return
+    except aiohttp.ClientError:
+        yield sse_error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
+        return
+    on_complete(tail)
+
+
+async def first_chunk(reply: UpstreamReply, idle_timeout: float) -> tuple[bytes, AsyncGenerator[bytes, None]]:
+    """The stream's first bytes (to look for an error event inside a 200) and the rest of it."""
+    body = reply.iter_body(idle_timeout)
+    try:
+        first = await anext(body, b"")
+    except (TimeoutError, aiohttp.ClientError):
+        await body.aclose()
+        raise
+    return first, body
+
+
+def prompt_tokens_from_json(body: bytes) -> int | None:
+    """``usage.prompt_tokens`` of a non-streamed answer, if it reports one."""
+    try:
+        usage = orjson.loads(body).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return _prompt_tokens(usage)
+
+
+def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
+    """``usage.prompt_tokens`` from the last usage-bearing event of a stream's tail."""
+    for event in reversed(tail.split(b"\n\n")):
+        line = event.strip()
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            continue
+        try:
+            usage = orjson.loads(line[5:]).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        tokens = _prompt_tokens(usage)
+        if tokens is not None:
+            return tokens
+    return None
+
+
+def _prompt_tokens(usage: object) -> int | None:
+    if isinstance(usage, dict):
+        value = usage.get("prompt_tokens")
+        if isinstance(value, int) and value >= 0:
+            return value
+    return None
+
+
+async def cancel_safely(stream: AsyncGenerator[bytes, None]) -> None:
+    """Close a body iterator we will not read to its end (closes the upstream connection)."""
+    await asyncio.shield(stream.aclose())

@@ -1,0 +1,1 @@
+"""HTTP routes: they orchestrate, the work lives in the modules they call."""

@@ -1,0 +1,269 @@
+"""The one HTTP client to the upstream: connection pool, retries, timeouts, relay.
+
+aiohttp, not httpx: on this machine a starlette+aiohttp passthrough costs about
+half the CPU per request of a starlette+httpx one and stays flat at
+concurrency 32 where httpx queues (DESIGN.md; re-measured by
+bench/proxy_overhead.py). This module knows nothing of teams or compression.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from multidict import CIMultiDict
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_random_exponential,
+)
+from yarl import URL
+
+from gateway.errors import GatewayError
+from gateway.settings import UpstreamSettings
+
+log = logging.getLogger("gateway.upstream")
+
+# RFC 9110 §7.6.1 connection-specific headers, plus the ones the proxy recomputes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class RetryableStatus(Exception):
+    """An upstream answer worth another attempt; kept whole so the last one can be relayed."""
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        super().__init__(f"upstream answered {status}")
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.retry_after = retry_after_seconds(headers)
+
+
+@dataclass
+class UpstreamReply:
+    """Response headers have arrived; the body is still on the wire."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    response: aiohttp.ClientResponse | None
+    buffered_body: bytes | None = None
+    attempts: int = 1
+    # Event-loop time by which the whole body must have arrived (timeouts.total).
+    deadline: float | None = None
+
+    @property
+    def content_length(self) -> int | None:
+        if self.buffered_body is not None:
+            return len(self.buffered_body)
+        return self.response.content_length if self.response is not None else None
+
+    async def read(self, idle_timeout: float) -> bytes:
+        if self.buffered_body is not None:
+            return self.buffered_body
+        chunks = [chunk async for chunk in self.iter_body(idle_timeout)]
+        return b"".join(chunks)
+
+    def iter_body(self, idle_timeout: float) -> AsyncGenerator[bytes, None]:
+        assert self.response is not None
+        return iter_body(self.response, idle_timeout, self.deadline)
+
+    def close(self) -> None:
+        if self.response is not None:
+            self.response.close()
+
+
+def retry_after_seconds(headers: Iterable[tuple[str, str]]) -> float | None:
+    for name, value in headers:
+        if name.lower() != "retry-after":
+            continue
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            parsed = email.utils.parsedate_to_datetime(value) if value else None
+            if parsed is None:
+                return None
+            return max(0.0, parsed.timestamp() - time.time())
+    return None
+
+
+def forward_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Headers to pass on, either direction: everything but hop-by-hop ones."""
+    connection_tokens: set[str] = set()
+    pairs = list(headers)
+    for name, value in pairs:
+        if name.lower() == "connection":
+            connection_tokens.update(t.strip().lower() for t in value.split(","))
+    return [(n, v) for n, v in pairs if n.lower() not in HOP_BY_HOP and n.lower() not in connection_tokens]
+
+
+class Upstream:
+    def __init__(self, settings: UpstreamSettings) -> None:
+        self.settings = settings
+        self._base = settings.base_url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.settings.max_connections, limit_per_host=0)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            # Bytes are relayed as they come: compressed stays compressed.
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.settings.timeouts.connect, sock_read=None),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def url_for(self, path: str, query: str) -> URL:
+        """Map ``/v1/<rest>`` onto the configured base URL (which usually ends in ``/v1``)."""
+        rest = path[3:] if path.startswith("/v1/") or path == "/v1" else path
+        raw = self._base + rest + (f"?{query}" if query else "")
+        return URL(raw, encoded=True)
+
+    async def send(
+        self,
+        method: str,
+        url: URL,
+        headers: Mapping[str, str] | list[tuple[str, str]],
+        body: bytes | AsyncIterator[bytes] | None,
+    ) -> UpstreamReply:
+        """Send and wait for the response headers, retrying what is safe to retry.
+
+        Only re-sendable bodies (bytes or none) are retried; nothing has reached the
+        client yet at this point, so a retry can never duplicate relayed bytes.
+        """
+        retryable = not isinstance(body, AsyncIterator)
+        cfg = self.settings.retries
+        attempts = cfg.max_attempts if retryable else 1
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max(1, attempts)) | stop_before_delay(cfg.max_total_seconds),
+            wait=self._wait,
+            retry=self._should_retry,
+            reraise=True,
+        )
+        deadline = asyncio.get_running_loop().time() + self.settings.timeouts.total
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    reply = await self._attempt(method, url, headers, body)
+                    reply.attempts = attempt.retry_state.attempt_number
+                    reply.deadline = deadline
+                    return reply
+        except RetryableStatus as exhausted:
+            return UpstreamReply(exhausted.status, exhausted.headers, None, exhausted.body, attempts)
+        except TimeoutError as exc:
+            waited = (
+                self.settings.timeouts.connect
+                if isinstance(exc, aiohttp.ConnectionTimeoutError)
+                else self.settings.timeouts.first_byte
+            )
+            raise GatewayError(
+                504,
+                f"The upstream did not answer within {waited:g} s.",
+                type="server_error",
+                code="upstream_timeout",
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise GatewayError(
+                502,
+                f"The upstream could not be reached ({type(exc).__name__}).",
+                type="server_error",
+                code="upstream_unreachable",
+            ) from None
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _should_retry(self, state: RetryCallState) -> bool:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, RetryableStatus):
+            # A Retry-After beyond the cap is not waited out: the 429 goes to the client.
+            return (exc.retry_after or 0.0) <= self.settings.retries.retry_after_cap
+        # Connection failures happen before the request was processed: safe to resend.
+        # Other timeouts are not retried: the upstream may still be generating (and billing).
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return True
+        return isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(exc, TimeoutError)
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, RetryableStatus) and exc.retry_after is not None:
+            return exc.retry_after
+        cfg = self.settings.retries
+        backoff = wait_random_exponential(multiplier=cfg.backoff_initial, max=cfg.backoff_max)
+        return float(backoff(state))
+
+    async def _attempt(
+        self,
+        method: str,
+        url: URL,
+        headers: Mapping[str, str] | list[tuple[str, str]],
+        body: bytes | AsyncIterator[bytes] | None,
+    ) -> UpstreamReply:
+        assert self._session is not None, "Upstream.start() was not awaited"
+        async with asyncio.timeout(self.settings.timeouts.first_byte):
+            response = await self._session.request(
+                method, url, headers=CIMultiDict(headers), data=body, allow_redirects=False
+            )
+        reply_headers = forward_headers(
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers
+        )
+        if response.status in RETRYABLE_STATUSES:
+            try:
+                async with asyncio.timeout(self.settings.timeouts.idle):
+                    error_body = await response.read()
+            finally:
+                response.release()
+            raise RetryableStatus(response.status, reply_headers, error_body)
+        return UpstreamReply(response.status, reply_headers, response)
+
+
+async def iter_body(
+    response: aiohttp.ClientResponse, idle_timeout: float, deadline: float | None = None
+) -> AsyncGenerator[bytes, None]:
+    """Yield the body as it arrives.
+
+    A silence longer than ``idle_timeout``, or reaching ``deadline`` (event-loop time), raises
+    TimeoutError. The connection is closed (not returned to the pool) unless the body was read
+    to its end, so a client that goes away stops the upstream generation at once.
+    """
+    loop = asyncio.get_running_loop()
+    complete = False
+    try:
+        while True:
+            wake_at = loop.time() + idle_timeout
+            async with asyncio.timeout_at(wake_at if deadline is None else min(wake_at, deadline)):
+                chunk = await response.content.readany()
+            if not chunk:
+                complete = True
+                return
+            yield chunk
+    finally:
+        if complete:
+            response.release()
+        else:
+            response.close()

@@ -1,0 +1,59 @@
+"""Shared fixtures: the fake upstream (tests/fakes), a real Redis, the gateway under test."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+
+import gateway  # noqa: F401  (offline tiktoken before anything loads it)
+from gateway.app import create_app
+from gateway.settings import load_settings
+from tests.fakes.serve import serve_in_thread
+from tests.fakes.upstream import FakeUpstream
+
+pytest_plugins = ["tests.fakes.fixtures"]
+
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+
+GatewayFactory = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A real Redis on 127.0.0.1:6379 (database 15): skipped without one, except under CI=true."""
+    try:
+        with socket.create_connection((REDIS_HOST, REDIS_PORT), timeout=1):
+            pass
+    except OSError as exc:
+        reason = f"no Redis server at {REDIS_HOST}:{REDIS_PORT} ({exc.strerror or exc})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI must run the Redis tests")
+        pytest.skip(reason)
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/15"
+
+
+@pytest.fixture
+def start_gateway(fake_upstream: FakeUpstream) -> Iterator[GatewayFactory]:
+    """Start a real gateway (uvicorn on a free port) in front of the fake upstream.
+
+    Keyword arguments are environment-style overrides, e.g.
+    ``start_gateway(GATEWAY_UPSTREAM_API_KEY="sk-x")``; returns the gateway's ``/v1`` base URL.
+    """
+    with ExitStack() as stack:
+
+        def start(**environ: str) -> str:
+            settings = load_settings(None, {"GATEWAY_UPSTREAM_BASE_URL": fake_upstream.base_url, **environ})
+            url = stack.enter_context(serve_in_thread(create_app(settings)))
+            return f"{url}/v1"
+
+        yield start
+
+
+@pytest.fixture
+def gateway_url(start_gateway: GatewayFactory) -> str:
+    """A gateway with default settings in front of the fake upstream."""
+    return start_gateway()
