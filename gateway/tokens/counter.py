@@ -1,47 +1,186 @@
-"""Count chat-completions prompts the way OpenAI bills them.
+"""Count chat-completions prompts the way the upstream bills them.
 
-Minimal first version: string content and text parts only. Extended by the
-token-accounting work (images, tools, Anthropic blocks, calibration, cache).
+One unit everywhere: every method returns *estimated upstream prompt tokens*.
+
+- Exact models (OpenAI tokenizers, `exact = True`): the tiktoken count under
+  OpenAI's documented rules (`formats.py`). `messages(ms) == sum(message(m)
+  for m in ms) + 3`, and `request()` adds tools and the response schema.
+- Approximated models (`exact = False`): the o200k_base count × the family
+  factor (`encodings.py`) × the model's learned calibration factor
+  (`calibration.py`), rounded up. The factor applies to whatever is asked:
+  `text()`, `message()` and `tools()` scale that part alone, so a part is
+  never under-estimated; `messages()` and `request()` scale the raw total
+  once, which is the best estimate of the whole and may be below the sum of
+  the rounded-up parts by less than one token per part.
+
+The counter reads the shared `Calibration` on every call, so estimates follow
+the upstream's reports as they arrive; raw counts are cached per message
+(`cache.py`) and never depend on the factor.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
 
 import tiktoken
 
-TOKENS_PER_MESSAGE = 3
-TOKENS_PER_NAME = 1
-REPLY_PRIMING = 3
+from gateway.tokens.cache import CountCache, message_digest
+from gateway.tokens.calibration import Calibration
+from gateway.tokens.encodings import ModelProfile, get_encoding, profile_for
+from gateway.tokens.formats import REPLY_PRIMING, PromptRules, compact_json
+
+# Shared by every counter made by `counter_for`: the route feeds it the
+# upstream's reported usage and persists it through the store.
+CALIBRATION: Final = Calibration()
+MESSAGE_COUNTS: Final = CountCache()
+
+# `byte_upper_bound`: fixed tokens that no body byte pays for (reply priming
+# 3 + the tools section's closing 12), with room to spare.
+BYTE_BOUND_SLACK: Final = 64
+# Parts whose cost is a formula of pixels, seconds or pages, not of their bytes.
+_UNBOUNDED_BY_BYTES: Final = (b'"image_url"', b'"image"', b'"input_audio"', b'"file"', b'"document"')
+
+# Below this much text, tokenizing (~1 ms) is cheaper than a thread hop.
+INLINE_COUNT_CHARS: Final = 32 * 1024
 
 
 class TokenCounter:
-    def __init__(self, model: str, encoding: tiktoken.Encoding) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        calibration: Calibration | None = None,
+        cache: CountCache | None = None,
+    ) -> None:
         self.model = model
-        self.encoding = encoding
+        self.profile: ModelProfile = profile_for(model)
+        self.exact: bool = self.profile.exact
+        self.encoding: tiktoken.Encoding = get_encoding(self.profile.encoding_name)
+        self._calibration = CALIBRATION if calibration is None else calibration
+        self._cache = MESSAGE_COUNTS if cache is None else cache
+        self._rules = PromptRules(self.profile, self._raw_text)
+
+    @property
+    def scale(self) -> float:
+        """Multiplier from raw counts to estimated upstream tokens (1.0 when exact)."""
+        if self.exact:
+            return 1.0
+        return self.profile.factor * self._calibration.factor(self.model)
+
+    def _scaled(self, raw: int) -> int:
+        return raw if self.exact else math.ceil(raw * self.scale)
+
+    # --- raw counts ----------------------------------------------------------
+
+    def _raw_text(self, text: str) -> int:
+        return len(self.encoding.encode_ordinary(text)) if text else 0
+
+    def _raw_message(self, message: Mapping[str, Any]) -> int:
+        if not isinstance(message, Mapping):  # malformed body: count what is there
+            return self._raw_text(compact_json(message))
+        key = message_digest(self.profile.key, message)
+        if key is None:
+            return self._rules.message(message)
+        count = self._cache.get(key)
+        if count is None:
+            count = self._rules.message(message)
+            self._cache.put(key, count)
+        return count
+
+    def _raw_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(self._raw_message(message) for message in messages) + REPLY_PRIMING
+
+    def _raw_request(self, body: Mapping[str, Any]) -> int:
+        messages = body.get("messages")
+        tools = body.get("tools")
+        functions = body.get("functions")
+        total = self._raw_messages(messages) if isinstance(messages, list) else 0
+        total += self._rules.tools(
+            tools if isinstance(tools, list) else None,
+            functions if isinstance(functions, list) else None,
+        )
+        return total + self._rules.response_format(body.get("response_format"))
+
+    # --- estimates -----------------------------------------------------------
 
     def text(self, text: str) -> int:
-        return len(self.encoding.encode_ordinary(text))
+        return self._scaled(self._raw_text(text))
 
     def message(self, message: Mapping[str, Any]) -> int:
-        total = TOKENS_PER_MESSAGE + self.text(str(message.get("role", "")))
-        content = message.get("content")
-        if isinstance(content, str):
-            total += self.text(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                    total += self.text(part["text"])
-        if isinstance(message.get("name"), str):
-            total += TOKENS_PER_NAME + self.text(message["name"])
-        return total
+        """One message, including its per-message framing."""
+        return self._scaled(self._raw_message(message))
 
     def messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        return sum(self.message(m) for m in messages) + REPLY_PRIMING
+        """All messages plus the reply priming."""
+        return self._scaled(self._raw_messages(messages))
+
+    def tools(self, tools: Sequence[Any] | None, functions: Sequence[Any] | None = None) -> int:
+        """`tools` and legacy `functions` definitions (0 when there are none)."""
+        return self._scaled(self._rules.tools(tools, functions))
+
+    def request(self, body: Mapping[str, Any]) -> int:
+        """A whole chat-completions body: messages, tools/functions, response schema."""
+        return self._scaled(self._raw_request(body))
+
+    def byte_upper_bound(self, body_bytes: bytes) -> int | None:
+        """An upper bound on `request()` of this JSON body, without tokenizing.
+
+        Every BPE token covers at least one byte, and every token we count
+        comes from distinct body bytes: string values decode to at most their
+        escaped length; structures we count as compact JSON re-serialize to
+        at most their source length; per-message, per-call and per-property
+        framing (3 tokens) is paid by the JSON punctuation and keys around
+        them (`{"role":`, `"k":{}` …). What remains — reply priming and the
+        tools section's end — is `BYTE_BOUND_SLACK`. The one way around it is
+        hand-written exponent numbers (`1e5` re-serializes as `100000.0`),
+        which no JSON encoder emits for values below 1e16.
+
+        None when the body may hold images, audio or files: their cost is a
+        function of pixels, seconds or pages, not of bytes. Bodies the
+        upstream would reject (e.g. functions without a name) may exceed it.
+        """
+        if any(marker in body_bytes for marker in _UNBOUNDED_BY_BYTES):
+            return None
+        return self._scaled(len(body_bytes) + BYTE_BOUND_SLACK)
 
 
 @lru_cache(maxsize=256)
 def counter_for(model: str) -> TokenCounter:
-    return TokenCounter(model, tiktoken.get_encoding("o200k_base"))
+    """The counter for a model name, sharing the process-wide calibration and cache."""
+    return TokenCounter(model)
+
+
+async def count_request_async(
+    counter: TokenCounter, body: Mapping[str, Any], *, size_hint: int | None = None
+) -> int:
+    """`counter.request(body)`, in a worker thread when the body is large.
+
+    tiktoken releases the GIL while encoding, so a large count in a thread
+    does not stall the event loop. `size_hint` is the body's byte length when
+    the caller has it; otherwise the message text is measured.
+    """
+    size = _text_size(body) if size_hint is None else size_hint
+    if size < INLINE_COUNT_CHARS:
+        return counter.request(body)
+    return await asyncio.to_thread(counter.request, body)
+
+
+def _text_size(body: Mapping[str, Any]) -> int:
+    """Characters of message text, a cheap proxy for tokenizing time."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return 0
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, Mapping) else None
+                size += len(text) if isinstance(text, str) else 0
+    return size

@@ -114,7 +114,10 @@ def test_sdk_tool_round_trip(fake_upstream: FakeUpstream, gateway_url: str) -> N
 
 
 def test_fitting_request_is_forwarded_byte_for_byte(fake_upstream: FakeUpstream, gateway_url: str) -> None:
-    raw = b'{ "messages" : [ {"content": "caf\\u00e9  ok", "role":"user", "x-extra": [1, 2.50]} ],\n "model":"gpt-4o"}'
+    raw = (
+        b'{ "messages" : [ {"content": "caf\\u00e9  ok", "role":"user", "x-extra": [1, 2.50]} ],'
+        b'\n "model":"gpt-4o"}'
+    )
     answer = httpx.post(
         f"{gateway_url}/chat/completions", content=raw, headers={"content-type": "application/json"}
     )
