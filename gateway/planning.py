@@ -93,22 +93,29 @@ def _fitted_plan(chat: ChatRequest, counter: TokenCounter, tokens: int, budget: 
     return Plan(body, tokens, tokens_after, budget, tuple(result.stages))
 
 
-def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int:
+def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int | None:
     """A budget, in the gateway's own token units, that the upstream will accept this time.
 
+    None when compressing cannot help: the requested output alone fills the stated window.
     When the upstream states its count of what was sent, its ratio to ours converts the stated
     window into our units (our estimate can be off for non-OpenAI tokenizers).
     """
     ceiling = int(sent.tokens_after * OVERFLOW_RETRY_HEADROOM)
     if overflow.window is None:
         return min(ceiling, int(sent.tokens_after * OVERFLOW_BLIND_CUT))
+    if overflow.requested_output is not None and overflow.requested_output >= overflow.window:
+        return None
     cfg = runtime.settings.budget
-    budget = usable_budget(
-        overflow.window,
-        chat.payload,
-        default_output_reserve=cfg.default_output_reserve,
-        safety_margin=cfg.safety_margin,
-    )
+    if overflow.input_limit:
+        # The stated maximum covers the prompt alone: no room to reserve for the answer.
+        budget = max(0, overflow.window - cfg.safety_margin)
+    else:
+        budget = usable_budget(
+            overflow.window,
+            chat.payload,
+            default_output_reserve=cfg.default_output_reserve,
+            safety_margin=cfg.safety_margin,
+        )
     if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
         budget = budget * sent.tokens_after // overflow.prompt_tokens
     return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

@@ -58,13 +58,15 @@ async def chat_completions(request: Request) -> Response:
 
     attempt = await _send(runtime, chat, plan, upstream_headers)
     retried = False
-    if attempt.overflow is not None and chat.mode != "off":
-        retried = True
-        first_overflow = attempt.overflow
+    first_overflow = attempt.overflow
+    retry_budget = None
+    if first_overflow is not None and chat.mode != "off":
         await runtime.learn_from_overflow(chat.model, first_overflow)
-        retry_plan = await plan_request(
-            runtime, chat, budget=overflow_retry_budget(runtime, chat, plan, first_overflow)
-        )
+        retry_budget = overflow_retry_budget(runtime, chat, plan, first_overflow)
+    if first_overflow is not None and retry_budget is not None:
+        retried = True
+        attempt.reply.close()
+        retry_plan = await plan_request(runtime, chat, budget=retry_budget)
         attempt = await _send(runtime, chat, retry_plan, upstream_headers)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()

@@ -14,16 +14,33 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.fakes.serve import free_port
+from tests.fakes.serve import free_port, serve_in_thread
+from tests.fakes.upstream import FakeUpstream, create_app
 
 GUARD_DIR = Path(__file__).parent
 
 
 def main() -> None:
-    log = Path(sys.argv[1])
+    with serve_in_thread(create_app(FakeUpstream())) as upstream_url:
+        print(json.dumps(probe(Path(sys.argv[1]), upstream_url)))
+
+
+def _chat(port: int, model: str) -> int:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}]}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        status: int = answer.status
+        return status
+
+
+def probe(log: Path, upstream_url: str) -> dict[str, object]:
     port = free_port()
     env = {
         **os.environ,
+        # No config file: only the upstream is pointed at the local fake.
+        "GATEWAY_UPSTREAM_BASE_URL": f"{upstream_url}/v1",
         "PYTHONPATH": os.pathsep.join([str(GUARD_DIR), os.environ.get("PYTHONPATH", "")]),
         "NETGUARD_LOG": str(log),
     }
@@ -52,12 +69,14 @@ def main() -> None:
         result["ready_seconds"] = ready_after
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             result["metrics"] = answer.status
+        # Exact (tiktoken, model map) and approximated (unknown family) counting paths.
+        result["chat"] = [_chat(port, "gpt-4o"), _chat(port, "claude-sonnet-4-5"), _chat(port, "my-local-llm")]
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
     result["server_output"] = output.decode(errors="replace")[-4000:]
     result["blocked_attempts"] = log.read_text().splitlines() if log.exists() else []
-    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
