@@ -10,7 +10,7 @@ import orjson
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
-from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.compress import ContextBudgetExceeded, fit
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
@@ -57,11 +57,13 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     if budget is None or (tokens <= budget and chat.mode != "aggressive"):
         return Plan(chat.raw, tokens, tokens, budget)
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_fitted_plan, chat, counter, tokens, budget)
-    return _fitted_plan(chat, counter, tokens, budget)
+        return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
+    return _fitted_plan(runtime, chat, counter, tokens, budget)
 
 
-def _fitted_plan(chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int) -> Plan:
+def _fitted_plan(
+    runtime: Runtime, chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int
+) -> Plan:
     messages = chat.messages
     # Tool definitions, functions and response_format count against the budget but are never cut.
     fixed = tokens - counter.messages(messages)
@@ -70,7 +72,7 @@ def _fitted_plan(chat: ChatRequest, counter: TokenCounter, tokens: int, budget: 
             messages,
             model=chat.model,
             budget_tokens=budget - fixed,
-            options=CompressionOptions(),
+            options=runtime.settings.compression,
             aggressive=chat.mode == "aggressive",
         )
     except ContextBudgetExceeded as exc:

@@ -11,6 +11,8 @@ from gateway.upstream import forward_headers
 
 REQUEST_ID = "x-request-id"
 GATEWAY_REQUEST_ID = "x-gateway-request-id"
+# The gateway's HTTP server sets its own; relaying the upstream's would send them twice.
+SERVER_SET = frozenset({"date", "server"})
 
 
 def request_id_for(headers: Headers) -> str:
@@ -50,6 +52,8 @@ def to_client(
     has_request_id = False
     for name, value in upstream_headers:
         lower = name.lower()
+        if lower in SERVER_SET:
+            continue
         has_request_id = has_request_id or lower == REQUEST_ID
         out.append((lower.encode("latin-1"), value.encode("latin-1")))
     if not has_request_id:

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from gateway.compress.options import CompressionOptions
+
 ENV_PREFIX = "GATEWAY_"
 CONFIG_ENV = "GATEWAY_CONFIG"
 
@@ -86,6 +88,7 @@ class Settings:
     models: dict[str, ModelSettings] = field(default_factory=dict)
     redis_url: str | None = None
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+    compression: CompressionOptions = field(default_factory=CompressionOptions)
 
     def window_overrides(self) -> dict[str, int]:
         return {name: m.context_window for name, m in self.models.items() if m.context_window}
@@ -143,7 +146,10 @@ def _build(cls: type[Any], raw: Any, where: str) -> Any:
     if unknown:
         raise ConfigError(f"unknown config key {_join(where, unknown[0])}")
     values = {name: _convert(hints[name], value, _join(where, name)) for name, value in raw.items()}
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:  # a section's own validation (e.g. CompressionOptions)
+        raise ConfigError(f"{where or 'config'}: {exc}") from None
 
 
 def _convert(hint: Any, value: Any, where: str) -> Any:

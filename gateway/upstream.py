@@ -102,10 +102,12 @@ def retry_after_seconds(headers: Iterable[tuple[str, str]]) -> float | None:
         try:
             return max(0.0, float(value))
         except ValueError:
-            parsed = email.utils.parsedate_to_datetime(value) if value else None
-            if parsed is None:
-                return None
-            return max(0.0, parsed.timestamp() - time.time())
+            pass
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, parsed.timestamp() - time.time())
     return None
 
 
