@@ -1,0 +1,172 @@
+"""Strict validation of a chat-completions `messages` list, worded like the real APIs.
+
+The gateway promises that whatever it sends upstream "is accepted by a strict
+API". This is that strict API: the shape checks and the tool-pairing rules of
+OpenAI (`tool_calls` / `role: tool`) and of Anthropic (`tool_use` /
+`tool_result` content blocks), with the providers' own error texts so tests
+read like production logs. Pure: no I/O, no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Error = tuple[str, str]
+"""(message, param) of the first problem found."""
+
+ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+# Roles whose messages must carry content; an assistant may instead carry tool calls.
+CONTENT_REQUIRED = ("system", "developer", "user", "tool")
+
+# "preceeding" is the API's own spelling.
+TOOL_WITHOUT_CALL = (
+    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+    "with 'tool_calls'."
+)
+CALL_WITHOUT_TOOL = (
+    "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+    "'tool_call_id'. The following tool_call_ids did not have response messages: {ids}"
+)
+TOOL_USE_WITHOUT_RESULT = (
+    "messages.{index}: `tool_use` ids were found without `tool_result` blocks immediately after: {ids}. "
+    "Each `tool_use` block must have a corresponding `tool_result` block in the next message."
+)
+RESULT_WITHOUT_TOOL_USE = (
+    "messages.{index}.content.{block}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. "
+    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
+)
+
+
+def validate_chat_messages(messages: object) -> Error | None:
+    """Return (message, param) of the first error the real API would report, or None if valid."""
+    if not isinstance(messages, list):
+        return _invalid_type("messages", "an array", messages)
+    if not messages:
+        return _empty_array("messages")
+    for index, message in enumerate(messages):
+        error = _check_shape(index, message)
+        if error is not None:
+            return error
+    return _check_tool_calls(messages) or _check_tool_use_blocks(messages)
+
+
+def _json_type(value: object) -> str:
+    # bool before int: bool is an int subclass in Python but not in JSON.
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return "null"
+
+
+def _invalid_type(param: str, expected: str, value: object) -> Error:
+    return f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.", param
+
+
+def _empty_array(param: str) -> Error:
+    expected = "Expected an array with minimum length 1, but got an empty array instead."
+    return f"Invalid '{param}': empty array. {expected}", param
+
+
+def _check_shape(index: int, message: object) -> Error | None:
+    where = f"messages[{index}]"
+    if not isinstance(message, Mapping):
+        return _invalid_type(where, "an object", message)
+    if "role" not in message:
+        return f"Missing required parameter: '{where}.role'.", f"{where}.role"
+    role = message["role"]
+    if role not in ROLES:
+        supported = ", ".join(f"'{r}'" for r in ROLES[:-1]) + f", and '{ROLES[-1]}'"
+        return f"Invalid value: '{role}'. Supported values are: {supported}.", f"{where}.role"
+    if role in CONTENT_REQUIRED and "content" not in message:
+        return f"Missing required parameter: '{where}.content'.", f"{where}.content"
+    if message.get("content") is None and not (role == "assistant" and _has_calls(message)):
+        return "Invalid value for 'content': expected a string, got null.", f"messages.[{index}].content"
+    if role == "tool" and "tool_call_id" not in message:
+        return f"Missing required parameter: '{where}.tool_call_id'.", f"{where}.tool_call_id"
+    if role == "assistant" and "tool_calls" in message:
+        return _check_tool_calls_shape(where, message["tool_calls"])
+    return None
+
+
+def _has_calls(message: Mapping[str, Any]) -> bool:
+    return bool(message.get("tool_calls")) or message.get("function_call") is not None
+
+
+def _check_tool_calls_shape(where: str, calls: object) -> Error | None:
+    param = f"{where}.tool_calls"
+    if not isinstance(calls, list):
+        return _invalid_type(param, "an array", calls)
+    if not calls:
+        return _empty_array(param)
+    for position, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            return _invalid_type(f"{param}[{position}]", "an object", call)
+        if "id" not in call:
+            return f"Missing required parameter: '{param}[{position}].id'.", f"{param}[{position}].id"
+    return None
+
+
+def _check_tool_calls(messages: Sequence[Mapping[str, Any]]) -> Error | None:
+    """OpenAI pairing: tool messages directly follow their assistant and answer each of its calls once."""
+    pending: list[object] = []  # ids of the current assistant's calls not answered yet
+    owner = -1  # index of that assistant
+    for index, message in enumerate(messages):
+        if message["role"] == "tool":
+            if message["tool_call_id"] not in pending:
+                return TOOL_WITHOUT_CALL, f"messages.[{index}].role"
+            pending.remove(message["tool_call_id"])
+            continue
+        if pending:
+            break
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            pending = [call["id"] for call in message["tool_calls"]]
+            owner = index
+    if pending:
+        return CALL_WITHOUT_TOOL.format(ids=", ".join(map(str, pending))), f"messages.[{owner}].role"
+    return None
+
+
+def _blocks(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, Mapping)]
+
+
+def _tool_use_ids(message: Mapping[str, Any]) -> list[object]:
+    if message["role"] != "assistant":
+        return []
+    return [block.get("id") for block in _blocks(message) if block.get("type") == "tool_use"]
+
+
+def _check_tool_use_blocks(messages: Sequence[Mapping[str, Any]]) -> Error | None:
+    """Anthropic pairing: each `tool_use` is answered by a `tool_result` in the very next (user) message."""
+    for index, message in enumerate(messages):
+        offered = _tool_use_ids(messages[index - 1]) if index else []
+        for block_index, block in enumerate(_blocks(message)):
+            tool_use_id = block.get("tool_use_id")
+            if block.get("type") == "tool_result" and tool_use_id not in offered:
+                text = RESULT_WITHOUT_TOOL_USE.format(index=index, block=block_index, id=tool_use_id)
+                return text, f"messages.[{index}].content"
+        used = _tool_use_ids(message)
+        if not used:
+            continue
+        following = messages[index + 1] if index + 1 < len(messages) else None
+        answered = []
+        if following is not None and following["role"] == "user":
+            answered = [b.get("tool_use_id") for b in _blocks(following) if b.get("type") == "tool_result"]
+        missing = [tool_use_id for tool_use_id in used if tool_use_id not in answered]
+        if missing:
+            text = TOOL_USE_WITHOUT_RESULT.format(index=index, ids=", ".join(map(str, missing)))
+            return text, f"messages.[{index}].content"
+    return None
