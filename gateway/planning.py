@@ -84,6 +84,7 @@ def _fitted_plan(
             "Shorten the system prompt or the latest message.",
             param="messages",
             code="context_length_exceeded",
+            headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},
         ) from None
     if not result.stages:
         return Plan(chat.raw, tokens, tokens, budget)

@@ -1,0 +1,97 @@
+"""The store behind learned windows and calibration: in memory, and a real Redis shared by replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.store import MemoryStore, Store, open_store
+from gateway.store.redis import RedisStore
+from tests.conftest import GatewayFactory
+from tests.fakes.upstream import FakeUpstream
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        backend: Store = MemoryStore()
+    else:
+        backend = RedisStore(request.getfixturevalue("redis_url"))
+    yield backend
+    await backend.close()
+
+
+def _key() -> str:
+    return f"test:{uuid.uuid4().hex}"
+
+
+async def test_get_set_roundtrip(store: Store) -> None:
+    key = _key()
+    assert await store.get(key) is None
+    await store.set(key, "value-1")
+    assert await store.get(key) == "value-1"
+    await store.set(key, "value-2")
+    assert await store.get(key) == "value-2"
+
+
+async def test_ttl_expires(store: Store) -> None:
+    key = _key()
+    await store.set(key, "short-lived", ttl_seconds=1)
+    assert await store.get(key) == "short-lived"
+    await asyncio.sleep(1.2)
+    assert await store.get(key) is None
+
+
+async def test_incr_by_accumulates_and_keeps_first_ttl(store: Store) -> None:
+    key = _key()
+    assert await store.incr_by(key, 5, ttl_seconds=1) == 5
+    assert await store.incr_by(key, 7, ttl_seconds=60) == 12
+    await asyncio.sleep(1.2)
+    # The window started by the first increment ended; a later one does not extend it.
+    assert await store.incr_by(key, 1) == 1
+
+
+async def test_ping(store: Store) -> None:
+    assert await store.ping() is True
+
+
+def test_open_store_picks_backend(redis_url: str) -> None:
+    assert isinstance(open_store(None), MemoryStore)
+    assert isinstance(open_store(""), MemoryStore)
+    assert isinstance(open_store(redis_url), RedisStore)
+
+
+def test_replicas_share_learned_window_through_redis(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    """An overflow learned by one replica makes another fit ahead of time."""
+    model = f"replica-model-{uuid.uuid4().hex[:8]}"
+    fake_upstream.window = 3000
+    first = start_gateway(GATEWAY_REDIS_URL=redis_url)
+    second = start_gateway(GATEWAY_REDIS_URL=redis_url)
+    long_history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "lorem ipsum dolor " * 150}
+        for i in range(12)
+    ]
+    body = {"model": model, "messages": [*long_history, {"role": "user", "content": "latest question"}]}
+    learned = httpx.post(f"{first}/chat/completions", json=body, timeout=30)
+    assert int(learned.headers["x-gateway-prompt-tokens-before"]) > fake_upstream.window
+    assert learned.status_code == 200
+    assert learned.headers["x-gateway-retry"] == "overflow"
+    hits_before = fake_upstream.hits["/v1/chat/completions"]
+    ahead = httpx.post(f"{second}/chat/completions", json=body, timeout=30)
+    assert ahead.status_code == 200
+    assert "x-gateway-retry" not in ahead.headers
+    assert ahead.headers["x-gateway-compression"] != "none"
+    assert fake_upstream.hits["/v1/chat/completions"] == hits_before + 1
+
+
+def test_healthz_reports_unreachable_redis(start_gateway: GatewayFactory) -> None:
+    url = start_gateway(GATEWAY_REDIS_URL="redis://127.0.0.1:1/0")
+    health = httpx.get(url.removesuffix("/v1") + "/healthz")
+    assert health.status_code == 503
+    assert health.json() == {"status": "degraded", "store": "unreachable"}
