@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 
 from gateway.errors import error_body
-from gateway.upstream import UpstreamReply
+from gateway.upstream import UpstreamReply, upstream_broken, upstream_timeout
 
 # The usage chunk is the last data event before [DONE]: this much tail is enough to find it.
 TAIL_BYTES = 4096
@@ -55,9 +55,17 @@ async def first_chunk(reply: UpstreamReply, idle_timeout: float) -> tuple[bytes,
     body = reply.iter_body(idle_timeout)
     try:
         first = await anext(body, b"")
-    except (TimeoutError, aiohttp.ClientError):
+    except TimeoutError:
         await body.aclose()
-        raise
+        # Nothing has reached the client yet: answer with a proper status, not an unhandled error.
+        raise upstream_timeout(
+            f"The upstream sent its response headers, then nothing for more than {idle_timeout:g} s."
+        ) from None
+    except aiohttp.ClientError as exc:
+        await body.aclose()
+        raise upstream_broken(
+            f"The upstream connection broke before the stream's first event ({type(exc).__name__})."
+        ) from None
     return first, body
 
 

@@ -51,6 +51,14 @@ HOP_BY_HOP = frozenset(
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
+def upstream_timeout(message: str) -> GatewayError:
+    return GatewayError(504, message, type="server_error", code="upstream_timeout")
+
+
+def upstream_broken(message: str) -> GatewayError:
+    return GatewayError(502, message, type="server_error", code="upstream_broken")
+
+
 class RetryableStatus(Exception):
     """An upstream answer worth another attempt; kept whole so the last one can be relayed."""
 
@@ -81,9 +89,21 @@ class UpstreamReply:
         return self.response.content_length if self.response is not None else None
 
     async def read(self, idle_timeout: float) -> bytes:
+        """The whole body. Nothing has reached the client yet, so a body that stalls or breaks
+        becomes the gateway's own 504 or 502 rather than an unhandled error."""
         if self.buffered_body is not None:
             return self.buffered_body
-        chunks = [chunk async for chunk in self.iter_body(idle_timeout)]
+        try:
+            chunks = [chunk async for chunk in self.iter_body(idle_timeout)]
+        except TimeoutError:
+            raise upstream_timeout(
+                f"The upstream stopped sending its answer for more than {idle_timeout:g} s "
+                "(or ran past the gateway's total time limit)."
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise upstream_broken(
+                f"The upstream connection broke in the middle of the answer ({type(exc).__name__})."
+            ) from None
         return b"".join(chunks)
 
     def iter_body(self, idle_timeout: float) -> AsyncGenerator[bytes, None]:
@@ -163,34 +183,32 @@ class Upstream:
         retryable = not isinstance(body, AsyncIterator)
         cfg = self.settings.retries
         attempts = cfg.max_attempts if retryable else 1
+        total = self.settings.timeouts.total
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(max(1, attempts)) | stop_before_delay(cfg.max_total_seconds),
+            stop=stop_after_attempt(max(1, attempts)) | stop_before_delay(min(cfg.max_total_seconds, total)),
             wait=self._wait,
             retry=self._should_retry,
             reraise=True,
         )
-        deadline = asyncio.get_running_loop().time() + self.settings.timeouts.total
+        deadline = asyncio.get_running_loop().time() + total
         try:
             async for attempt in retrying:
                 with attempt:
-                    reply = await self._attempt(method, url, headers, body)
+                    reply = await self._attempt(method, url, headers, body, deadline)
                     reply.attempts = attempt.retry_state.attempt_number
                     reply.deadline = deadline
                     return reply
         except RetryableStatus as exhausted:
-            return UpstreamReply(exhausted.status, exhausted.headers, None, exhausted.body, attempts)
+            # Attempts actually made: the time bound or a long Retry-After can stop before max_attempts.
+            made = int(retrying.statistics.get("attempt_number", attempts))
+            return UpstreamReply(exhausted.status, exhausted.headers, None, exhausted.body, made)
         except TimeoutError as exc:
             waited = (
                 self.settings.timeouts.connect
                 if isinstance(exc, aiohttp.ConnectionTimeoutError)
-                else self.settings.timeouts.first_byte
+                else min(self.settings.timeouts.first_byte, total)
             )
-            raise GatewayError(
-                504,
-                f"The upstream did not answer within {waited:g} s.",
-                type="server_error",
-                code="upstream_timeout",
-            ) from None
+            raise upstream_timeout(f"The upstream did not answer within {waited:g} s.") from None
         except aiohttp.ClientError as exc:
             raise GatewayError(
                 502,
@@ -225,9 +243,12 @@ class Upstream:
         url: URL,
         headers: Mapping[str, str] | list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes] | None,
+        deadline: float,
     ) -> UpstreamReply:
         assert self._session is not None, "Upstream.start() was not awaited"
-        async with asyncio.timeout(self.settings.timeouts.first_byte):
+        # timeouts.total bounds the whole request: the wait for headers too.
+        first_byte_by = asyncio.get_running_loop().time() + self.settings.timeouts.first_byte
+        async with asyncio.timeout_at(min(first_byte_by, deadline)):
             response = await self._session.request(
                 method, url, headers=CIMultiDict(headers), data=body, allow_redirects=False
             )

@@ -1,0 +1,332 @@
+"""What a context overflow costs when the gateway recovers from it, and how fast it stops happening.
+
+    python bench/resilience.py [--runs N] [--requests N] [--window N]
+
+Servers, each its own process on 127.0.0.1, stopped at exit (and killed with the bench):
+
+- fake upstream with a real window (`python -m tests.fakes.upstream --window N`): it counts
+  every prompt exactly and answers OpenAI's context_length_exceeded 400 above the window;
+- fake upstream without a window (everything fits);
+- gateway A in front of the first, gateway B in front of the second
+  (`python -m gateway.cli serve`, default settings).
+
+(a) Overflow recovery latency, non-streaming, one payload over the fake's window
+    (a conversation of old turns and a new question, max_tokens set):
+    - overflow + retry: a model name the gateway has never seen, so its window is unknown;
+      the gateway forwards as is, gets the 400, learns the window, compresses, retries once;
+    - direct success: the same payload for a model whose window the gateway has learned:
+      compressed ahead of time, answered on the first try;
+    - reference: the same payload through gateway B (fits: forwarded untouched) and straight
+      to the windowless fake (no gateway).
+    Median over N interleaved runs; the ratio is overflow + retry over direct success.
+
+(b) First-try success for an unknown model before and after the first overflow taught the
+    window: one growing conversation (each request adds an exchange), the gateway's answer
+    headers say whether an overflow retry was needed.
+
+Latencies are from the client (whole body read) on a small shared machine: compare rows
+measured side by side, not absolute milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+CHAT = "/v1/chat/completions"
+READY_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 30.0
+MAX_TOKENS = 256
+WORDS_PER_MESSAGE = 40  # ~200 tokens a message, ~400 an exchange
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    origin: str
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    # In the child before exec: if the bench is killed outright, its servers get SIGTERM.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def start(name: str, argv: Sequence[str], *, health: str, env: dict[str, str], logs: Path) -> Server:
+    port = free_port()
+    log = logs / f"{name}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, *argv, "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    server = Server(name, process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            if httpx.get(server.origin + health, timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.02)
+    stop(server)
+    raise RuntimeError(f"{name} not ready after {READY_TIMEOUT:g} s:\n{log.read_text()[-2000:]}")
+
+
+def stop(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def servers(window: int, logs: Path) -> Iterator[dict[str, Server]]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GATEWAY_")}
+    running: dict[str, Server] = {}
+    try:
+        running["fake-window"] = start(
+            "fake-window",
+            ["-m", "tests.fakes.upstream", "--window", str(window)],
+            health="/v1/models",
+            env=env,
+            logs=logs,
+        )
+        running["fake-open"] = start(
+            "fake-open", ["-m", "tests.fakes.upstream"], health="/v1/models", env=env, logs=logs
+        )
+        for name, upstream in (("gateway-a", "fake-window"), ("gateway-b", "fake-open")):
+            gateway_env = {
+                **env,
+                "GATEWAY_UPSTREAM_BASE_URL": running[upstream].origin + "/v1",
+                "GATEWAY_SERVER_LOG_LEVEL": "warning",
+            }
+            argv = ["-m", "gateway.cli", "serve"]
+            running[name] = start(name, argv, health="/healthz", env=gateway_env, logs=logs)
+        yield running
+    finally:
+        for server in reversed(running.values()):
+            stop(server)
+
+
+# --- payloads ----------------------------------------------------------------------------------
+
+
+def conversation(exchanges: int, *, seed: str = "") -> list[dict[str, str]]:
+    """A system prompt, `exchanges` old user/assistant turns, and a new question."""
+    messages = [{"role": "system", "content": "You are a careful assistant. Answer from the conversation."}]
+    for turn in range(exchanges):
+        words = " ".join(f"{seed}topic{turn}-{j}" for j in range(WORDS_PER_MESSAGE))
+        messages.append({"role": "user", "content": f"Question {turn}: tell me about {words}"})
+        messages.append({"role": "assistant", "content": f"Answer {turn}: here is what I know: {words}"})
+    messages.append({"role": "user", "content": f"After {exchanges} exchanges: what did I ask first?"})
+    return messages
+
+
+def body(model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    return {"model": model, "messages": messages, "max_tokens": MAX_TOKENS}
+
+
+@dataclass
+class Answer:
+    status: int
+    seconds: float
+    headers: httpx.Headers
+
+    @property
+    def retried(self) -> bool:
+        return self.headers.get("x-gateway-retry") == "overflow"
+
+    @property
+    def compressed(self) -> bool:
+        return self.headers.get("x-gateway-compression", "none") != "none"
+
+
+def post(client: httpx.Client, origin: str, payload: dict[str, Any]) -> Answer:
+    started = time.perf_counter()
+    reply = client.post(origin + CHAT, json=payload)
+    seconds = time.perf_counter() - started
+    if reply.status_code != 200:
+        raise RuntimeError(f"{origin} answered {reply.status_code}: {reply.text[:500]}")
+    return Answer(reply.status_code, seconds, reply.headers)
+
+
+# --- (a) overflow recovery latency -------------------------------------------------------------
+
+
+def recovery_latency(running: dict[str, Server], runs: int, exchanges: int) -> list[tuple[str, float, str]]:
+    gateway_a, gateway_b = running["gateway-a"].origin, running["gateway-b"].origin
+    open_fake = running["fake-open"].origin
+    messages = conversation(exchanges)
+    timings: dict[str, list[float]] = {"overflow": [], "learned": [], "fast": [], "direct": []}
+    notes = {"overflow": set(), "learned": set()}
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        # Teach gateway A the window of "bench-learned"; warm every path.
+        first = post(client, gateway_a, body("bench-learned", messages))
+        if not first.retried:
+            raise RuntimeError("the payload did not overflow the fake's window: raise --exchanges")
+        for _ in range(3):
+            post(client, gateway_a, body("bench-learned", messages))
+            post(client, gateway_b, body("gpt-4o", messages))
+            post(client, open_fake, body("gpt-4o", messages))
+        for run in range(runs):
+            # Interleaved, so drift on the machine hits every row alike.
+            overflow = post(client, gateway_a, body(f"bench-unknown-{run:04d}", messages))
+            learned = post(client, gateway_a, body("bench-learned", messages))
+            timings["overflow"].append(overflow.seconds)
+            timings["learned"].append(learned.seconds)
+            notes["overflow"].add(f"retry={overflow.retried}")
+            notes["learned"].add(f"retry={learned.retried}, compressed={learned.compressed}")
+            timings["fast"].append(post(client, gateway_b, body("gpt-4o", messages)).seconds)
+            timings["direct"].append(post(client, open_fake, body("gpt-4o", messages)).seconds)
+    if notes["overflow"] != {"retry=True"} or notes["learned"] != {"retry=False, compressed=True"}:
+        raise RuntimeError(f"unexpected paths: {notes}")
+    medians = {name: statistics.median(values) * 1000 for name, values in timings.items()}
+    return [
+        ("overflow + compressed retry (window unknown)", medians["overflow"], "1 overflow, 1 retry"),
+        ("direct success (window learned, compressed ahead)", medians["learned"], "first try"),
+        ("reference: gateway, window not exceeded (as is)", medians["fast"], "upstream without window"),
+        ("reference: upstream, no gateway", medians["direct"], "upstream without window"),
+        ("ratio overflow + retry / direct success", medians["overflow"] / medians["learned"], ""),
+    ]
+
+
+# --- (b) first-try success before and after learning -------------------------------------------
+
+
+@dataclass
+class Turn:
+    index: int
+    tokens_before: int
+    tokens_after: int
+    retried: bool
+    compressed: bool
+
+
+def learning_curve(running: dict[str, Server], requests: int) -> list[Turn]:
+    gateway_a = running["gateway-a"].origin
+    turns = []
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        for index in range(requests):
+            answer = post(client, gateway_a, body("bench-growing-llm", conversation(index + 1, seed="g")))
+            turns.append(
+                Turn(
+                    index + 1,
+                    int(answer.headers["x-gateway-prompt-tokens-before"]),
+                    int(answer.headers["x-gateway-prompt-tokens-after"]),
+                    answer.retried,
+                    answer.compressed,
+                )
+            )
+    return turns
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def print_latency(rows: list[tuple[str, float, str]], runs: int, exchanges: int, window: int) -> None:
+    print(
+        f"\n(a) overflow recovery latency: median of {runs} runs, non-streaming, one payload "
+        f"({exchanges} old exchanges, max_tokens {MAX_TOKENS}) over a {window}-token window\n"
+    )
+    print("| path | median | upstream requests |")
+    print("| --- | ---: | --- |")
+    for name, value, note in rows:
+        figure = f"{value:.2f}x" if name.startswith("ratio") else f"{value:.1f} ms"
+        print(f"| {name} | {figure} | {note} |")
+
+
+def print_learning(turns: list[Turn], window: int) -> None:
+    first_overflow = next((turn.index for turn in turns if turn.retried), None)
+    print(
+        f"\n(b) first-try success for a model unknown to the gateway, one conversation growing by one "
+        f"exchange per request, upstream window {window} tokens (max_tokens {MAX_TOKENS})\n"
+    )
+    print("| request | prompt tokens as sent by the client | forwarded | compressed | overflow retry |")
+    print("| ---: | ---: | ---: | --- | --- |")
+    for turn in turns:
+        print(
+            f"| {turn.index} | {turn.tokens_before} | {turn.tokens_after} | "
+            f"{'yes' if turn.compressed else 'no'} | {'yes' if turn.retried else 'no'} |"
+        )
+    if first_overflow is None:
+        print("\nno request overflowed: raise --requests or lower --window")
+        return
+    phases = {
+        "before learning (up to the first overflow)": [t for t in turns if t.index <= first_overflow],
+        "after learning": [t for t in turns if t.index > first_overflow],
+    }
+    print("\n| phase | requests | over the window as sent | needed an overflow retry | first-try success |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for phase, members in phases.items():
+        over = sum(1 for t in members if t.tokens_before + MAX_TOKENS > window)
+        retried = sum(1 for t in members if t.retried)
+        rate = (len(members) - retried) / len(members) if members else float("nan")
+        print(f"| {phase} | {len(members)} | {over} | {retried} | {rate:.0%} |")
+    over_window = [t for t in turns if t.tokens_before + MAX_TOKENS > window]
+    retried_over = sum(1 for t in over_window if t.retried)
+    print(
+        f"\nOf the {len(over_window)} requests over the window, {retried_over} needed the overflow retry "
+        f"(the first one, which taught the window, was request {first_overflow})."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=30, help="runs per latency row (default 30)")
+    parser.add_argument("--requests", type=int, default=20, help="requests in the growing conversation")
+    parser.add_argument("--window", type=int, default=4000, help="the fake upstream's window in tokens")
+    parser.add_argument("--exchanges", type=int, default=12, help="old exchanges in the latency payload")
+    args = parser.parse_args(argv)
+    # SIGTERM would otherwise end the bench without stopping its servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-resilience-") as tmp,
+        servers(args.window, Path(tmp)) as running,
+    ):
+        rows = recovery_latency(running, args.runs, args.exchanges)
+        turns = learning_curve(running, args.requests)
+    print_latency(rows, args.runs, args.exchanges, args.window)
+    print_learning(turns, args.window)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
