@@ -1,0 +1,249 @@
+"""Deterministic, realistic conversations with planted canaries, for bench/quality.py.
+
+Every conversation is generated from a seed (random.Random, no global state)
+and carries five canaries, unique codes that should survive compression:
+a rule in the system prompt, a fact in an early user turn, a fact in a
+middle assistant turn, a fact inside an old tool result (placed in its
+middle, where head/tail trimming loses it) and the latest user instruction.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+KINDS = ("system_rule", "early_user", "middle_assistant", "old_tool_result", "latest_instruction")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    name: str
+    messages: list[Message]
+    canaries: dict[str, str]  # kind -> code that must appear in the prompt
+
+
+NOUNS = ["invoice", "cache", "worker", "session", "payload", "schema", "token", "queue", "report", "index"]
+VERBS = ["validates", "retries", "serialises", "loads", "merges", "flushes", "parses", "renders"]
+ADJS = ["stale", "nested", "pending", "optional", "duplicate", "remote", "legacy", "cached"]
+ZH = [
+    "我们",
+    "需要",
+    "检查",
+    "这个",
+    "配置",
+    "文件",
+    "因为",
+    "部署",
+    "失败",
+    "了",
+    "用户",
+    "反馈",
+    "订单",
+    "服务器",
+    "日志",
+    "显示",
+    "超时",
+    "然后",
+    "重新",
+    "启动",
+    "问题",
+    "已经",
+    "解决",
+    "数据库",
+    "连接",
+]
+
+
+def _code(rng: random.Random, prefix: str) -> str:
+    return f"{prefix}-{rng.randrange(10_000, 99_999)}{rng.choice('ABCDEFGHJKLMNPQRSTUVWXYZ')}"
+
+
+def sentence(rng: random.Random) -> str:
+    n = rng.choice(NOUNS)
+    return (
+        f"The {rng.choice(ADJS)} {n} {rng.choice(VERBS)} the {rng.choice(NOUNS)} "
+        f"before the {rng.choice(ADJS)} {rng.choice(NOUNS)} is {rng.choice(['ready', 'sent', 'closed'])}."
+    )
+
+
+def prose(rng: random.Random, tokens: int) -> str:
+    out: list[str] = []
+    while len(out) * 16 < tokens:
+        out.append(sentence(rng))
+        if rng.random() < 0.15:
+            out.append("\n\n")
+    return " ".join(out)
+
+
+def chinese(rng: random.Random, tokens: int) -> str:
+    out: list[str] = []
+    while len(out) < tokens:
+        out.append(rng.choice(ZH))
+        if rng.random() < 0.12:
+            out.append(rng.choice("，。"))
+    return "".join(out) + "。"
+
+
+def code_file(rng: random.Random, tokens: int, fact: str | None) -> str:
+    lines: list[str] = []
+    while len(lines) * 11 < tokens:
+        name = f"{rng.choice(VERBS).rstrip('s')}_{rng.choice(NOUNS)}_{rng.randrange(100)}"
+        lines += [
+            f"def {name}(self, {rng.choice(NOUNS)}, retries={rng.randrange(1, 9)}):",
+            f'    """{sentence(rng)}"""',
+            f"    value = self.{rng.choice(NOUNS)}.get({rng.randrange(1000)})",
+            f"    if value is None or value > {rng.randrange(10_000)}:",
+            f"        return self.{rng.choice(VERBS).rstrip('s')}(value)",
+            "    return value",
+            "",
+        ]
+    if fact is not None:
+        lines.insert(len(lines) // 2, f'FEATURE_SALT = "{fact}"  # rotated by ops, do not change')
+    return "\n".join(lines)
+
+
+def test_log(rng: random.Random, tokens: int, fact: str | None) -> str:
+    lines = ["============================= test session starts =============================="]
+    i = 0
+    while len(lines) * 20 < tokens:
+        i += 1
+        module = f"tests/test_{rng.choice(NOUNS)}_{i % 37}.py"
+        lines.append(f"{module}::test_{rng.choice(VERBS)}_{rng.choice(NOUNS)}_{i} PASSED [{i % 100:3d}%]")
+        if rng.random() < 0.05:
+            lines.append(f"  {rng.choice(NOUNS)}.py:{rng.randrange(900)}: DeprecationWarning: use new API")
+    if fact is not None:
+        lines.insert(len(lines) // 2, f"INFO fixture database seeded with tenant {fact}")
+    lines.append(
+        f"==================== {i} passed, {rng.randrange(9)} warnings in 41.20s ===================="
+    )
+    return "\n".join(lines)
+
+
+def json_answer(rng: random.Random, tokens: int, fact: str | None) -> str:
+    items = []
+    while len(items) * 45 < tokens:
+        items.append(
+            {
+                "id": rng.randrange(10**6),
+                "status": rng.choice(["open", "closed", "pending"]),
+                "owner": f"user{rng.randrange(500)}",
+                "summary": sentence(rng),
+                "amount": round(rng.random() * 1000, 2),
+            }
+        )
+    if fact is not None:
+        items[len(items) // 2]["internal_note"] = f"refund approved under case {fact}"
+    return orjson.dumps(
+        {"data": items, "count": len(items), "next_page": None}, option=orjson.OPT_INDENT_2
+    ).decode()
+
+
+TOOLS = {"read_file": code_file, "run_tests": test_log, "http_get": json_answer}
+
+
+def _tool_round(rng: random.Random, style: str, turn: int, fact: str | None, scale: float) -> list[Message]:
+    calls = []
+    for k in range(rng.choice([1, 1, 1, 2])):
+        tool = rng.choice(list(TOOLS))
+        size = int(rng.randint(2_000, 20_000) * scale)
+        calls.append(
+            (
+                f"call_{turn}_{k}_{rng.randrange(10**6)}",
+                tool,
+                TOOLS[tool](rng, size, fact if k == 0 else None),
+            )
+        )
+    if style == "anthropic":
+        blocks = [
+            {"type": "tool_use", "id": i, "name": t, "input": {"path": f"src/{t}.py"}} for i, t, _ in calls
+        ]
+        results = [{"type": "tool_result", "tool_use_id": i, "content": out} for i, _, out in calls]
+        return [{"role": "assistant", "content": blocks}, {"role": "user", "content": results}]
+    assistant: Message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": i,
+                "type": "function",
+                "function": {"name": t, "arguments": orjson.dumps({"path": t}).decode()},
+            }
+            for i, t, _ in calls
+        ],
+    }
+    return [assistant, *({"role": "tool", "tool_call_id": i, "content": out} for i, _, out in calls)]
+
+
+def _finish(name: str, messages: list[Message], canaries: dict[str, str], rng: random.Random) -> Conversation:
+    code = _code(rng, "INSTR")
+    messages.append({"role": "user", "content": f"Next step ({code}): {sentence(rng)} Please go ahead."})
+    canaries["latest_instruction"] = code
+    return Conversation(name, messages, canaries)
+
+
+def conversation(kind: str, seed: int, turns: int | None = None, scale: float = 1.0) -> Conversation:
+    """kind: agent | support | bilingual | multimodal | reasoning (~250k tokens for an agent)."""
+    if turns is None:
+        turns = 10 if kind == "agent" else 24
+    rng = random.Random(f"{kind}-{seed}")
+    canaries = {k: _code(rng, k[:4].upper()) for k in KINDS[:4]}
+    style = "anthropic" if kind == "agent" and seed % 2 else "openai"
+    system = f"You are a careful assistant. Rule: every answer must cite policy {canaries['system_rule']}."
+    messages: list[Message] = [{"role": "system", "content": system + " " + prose(rng, 300)}]
+    tool_turn = max(1, turns // 3)
+    for turn in range(turns):
+        text = prose(rng, rng.randint(30, 200))
+        if kind == "bilingual" and turn % 2:
+            text = chinese(rng, rng.randint(40, 300))
+        if turn == 1:
+            text += f" For the record, my account reference is {canaries['early_user']}."
+        if kind == "multimodal" and turn % 3 == 0:
+            url = f"https://example.com/screenshots/{seed}-{turn}.png"
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": text},
+                        {"type": "image_url", "image_url": {"url": url}},
+                    ],
+                }
+            )
+        else:
+            messages.append({"role": "user", "content": text})
+        rounds = rng.randint(1, 4) if kind == "agent" else int(rng.random() < 0.25)
+        for r in range(rounds):
+            fact = canaries["old_tool_result"] if turn == tool_turn and r == 0 else None
+            messages += _tool_round(rng, style, turn, fact, scale if kind == "agent" else 0.3 * scale)
+        if rounds == 0 and turn == tool_turn:  # the tool fact is planted in every kind
+            messages += _tool_round(rng, style, turn, canaries["old_tool_result"], 0.3 * scale)
+        reply = prose(rng, rng.randint(80, 600))
+        if kind == "bilingual" and turn % 2:
+            reply = chinese(rng, rng.randint(80, 700))
+        if turn == turns // 2:
+            reply = (
+                prose(rng, 200)
+                + f" Noted: the agreed rollout window is {canaries['middle_assistant']}. "
+                + prose(rng, 200)
+            )
+        message: Message = {"role": "assistant", "content": reply}
+        if kind == "reasoning":
+            message["reasoning_content"] = prose(rng, rng.randint(500, 3_000))
+        messages.append(message)
+    return _finish(kind, messages, canaries, rng)
+
+
+def growing(seed: int, turns: int = 60) -> list[list[Message]]:
+    """Request bodies of a conversation growing turn by turn (each ends with a user message)."""
+    full = conversation("agent", seed, turns=turns, scale=0.1).messages
+    return [
+        full[: i + 1] for i, m in enumerate(full) if m["role"] == "user" and isinstance(m["content"], str)
+    ]
+
+
+def huge(seed: int, tokens: int) -> list[Message]:
+    """An agent conversation of about `tokens` tokens."""
+    return conversation("agent", seed, turns=max(2, tokens // 33_000)).messages

@@ -1,0 +1,240 @@
+"""Compression quality benchmark: context-gateway's `fit` against three baselines.
+
+    python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000]
+
+For budgets of 1/1.5, 1/3 and 1/10 of each generated conversation's size it
+prints, per method: fits %, strict-API-valid % (tests/fakes/validation.py),
+survival % of each canary kind, tokens kept %, median and p99 time per fit
+(token-count cache cleared before each call, so every method counts cold),
+and prefix stability over a growing agent conversation (share of turn N's
+compressed prompt, in tokens, that is an identical message prefix of turn
+N+1's). It ends with the time to fit a ~1M-token conversation into 128k
+against the time to merely count it once.
+
+Baselines, implemented here:
+  keep-newest      system messages + the newest messages that fit
+  middle-out       delete whole messages from the middle outward until it fits (OpenRouter)
+  progressive-cap  a per-message cap from 8192 halving to 128; each round middle-truncates
+                   every non-first, non-last message longer than the cap (tool results too),
+                   re-counting the conversation after every change; then deletes whole
+                   non-tool messages nearest the centre; then trims the first and last messages
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+import gateway  # noqa: F401  (offline tiktoken)
+from bench.conversations import KINDS, Conversation, Message, conversation, growing, huge
+from gateway.compress import ContextBudgetExceeded, fit
+from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
+from tests.fakes.validation import validate_chat_messages
+
+MODEL = "gpt-4o"
+COUNTER = counter_for(MODEL)
+RATIOS = (1.5, 3.0, 10.0)
+CONVERSATION_KINDS = ("agent", "support", "bilingual", "multimodal", "reasoning")
+Method = Callable[[list[Message], int], list[Message]]
+
+
+def gateway_fit(messages: list[Message], budget: int) -> list[Message]:
+    return list(fit(messages, model=MODEL, budget_tokens=budget).messages)
+
+
+def keep_newest(messages: list[Message], budget: int) -> list[Message]:
+    head = [m for m in messages if m["role"] in ("system", "developer")]
+    rest = [m for m in messages if m["role"] not in ("system", "developer")]
+    total = COUNTER.messages(head)
+    kept: list[Message] = []
+    for message in reversed(rest):
+        size = COUNTER.message(message)
+        if total + size > budget:
+            break
+        kept.append(message)
+        total += size
+    return head + kept[::-1]
+
+
+def middle_out(messages: list[Message], budget: int) -> list[Message]:
+    head = [m for m in messages[:1] if m["role"] == "system"]
+    rest = messages[len(head) :]
+    sizes = [COUNTER.message(m) for m in rest]
+    total = COUNTER.messages(head) + sum(sizes)
+    while total > budget and len(rest) > 1:
+        middle = len(rest) // 2
+        total -= sizes.pop(middle)
+        rest.pop(middle)
+    return head + rest
+
+
+def _map_texts(message: Message, fn: Callable[[str], str]) -> Message:
+    def part(p: Any) -> Any:
+        if isinstance(p, Mapping) and isinstance(p.get("text"), str):
+            return {**p, "text": fn(p["text"])}
+        if isinstance(p, Mapping) and p.get("type") == "tool_result" and isinstance(p.get("content"), str):
+            return {**p, "content": fn(p["content"])}
+        return p
+
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": fn(content)}
+    if isinstance(content, list):
+        return {**message, "content": [part(p) for p in content]}
+    return message
+
+
+def _cut_middle(cap: int) -> Callable[[str], str]:
+    def cut(text: str) -> str:
+        ids = COUNTER.encoding.encode_ordinary(text)
+        if len(ids) <= cap:
+            return text
+        half = cap // 2
+        return COUNTER.encoding.decode(ids[:half]) + "\n[...]\n" + COUNTER.encoding.decode(ids[-half:])
+
+    return cut
+
+
+def progressive_cap(messages: list[Message], budget: int) -> list[Message]:
+    out = list(messages)
+    cap = 8192
+    while cap >= 128 and COUNTER.messages(out) > budget:
+        for i in range(1, len(out) - 1):
+            if COUNTER.message(out[i]) > cap:
+                out[i] = _map_texts(out[i], _cut_middle(cap))
+                if COUNTER.messages(out) <= budget:  # re-counted after every change
+                    return out
+        cap //= 2
+    while COUNTER.messages(out) > budget:
+        centre = len(out) / 2
+        candidates = [i for i in range(1, len(out) - 1) if out[i]["role"] != "tool"]
+        if not candidates:
+            break
+        del out[min(candidates, key=lambda i: (abs(i - centre), i))]
+    cap = max(COUNTER.message(out[0]), COUNTER.message(out[-1]))
+    while COUNTER.messages(out) > budget and cap > 16:
+        cap //= 2
+        out[0] = _map_texts(out[0], _cut_middle(cap))
+        out[-1] = _map_texts(out[-1], _cut_middle(cap))
+    return out
+
+
+METHODS: dict[str, Method] = {
+    "context-gateway": gateway_fit,
+    "keep-newest": keep_newest,
+    "middle-out": middle_out,
+    "progressive-cap": progressive_cap,
+}
+
+
+def timed(method: Method, messages: list[Message], budget: int) -> tuple[list[Message] | None, float]:
+    MESSAGE_COUNTS.clear()
+    start = time.perf_counter()
+    try:
+        out: list[Message] | None = method(messages, budget)
+    except ContextBudgetExceeded:
+        out = None
+    return out, time.perf_counter() - start
+
+
+def prefix_share(before: list[Message], after: list[Message]) -> float:
+    same = 0
+    for a, b in zip(before, after, strict=False):
+        if a != b:
+            break
+        same += 1
+    return COUNTER.messages(before[:same]) / COUNTER.messages(before)
+
+
+def stability(method: Method, requests: list[list[Message]], budget: int) -> float:
+    outputs = [timed(method, request, budget)[0] or [] for request in requests]
+    shares = [prefix_share(a, b) for a, b in itertools.pairwise(outputs) if a and b]
+    return statistics.fmean(shares) if shares else 0.0
+
+
+def evaluate(method: Method, conversations: list[Conversation], ratio: float) -> dict[str, float]:
+    rows: dict[str, list[float]] = {key: [] for key in ("fits", "valid", "kept", "time", *KINDS)}
+    for conv in conversations:
+        size = COUNTER.messages(conv.messages)
+        budget = int(size / ratio)
+        out, seconds = timed(method, conv.messages, budget)
+        rows["time"].append(seconds)
+        fits = out is not None and COUNTER.messages(out) <= budget
+        rows["fits"].append(float(fits))
+        rows["valid"].append(float(out is not None and validate_chat_messages(out) is None))
+        rows["kept"].append(COUNTER.messages(out) / size if out else 0.0)
+        dumped = orjson.dumps(out).decode() if out else ""
+        for kind in KINDS:
+            rows[kind].append(float(fits and conv.canaries[kind] in dumped))
+    result = {key: 100 * statistics.fmean(values) for key, values in rows.items() if key != "time"}
+    times = sorted(rows["time"])
+    result["p50_ms"] = 1000 * statistics.median(times)
+    result["p99_ms"] = 1000 * times[min(len(times) - 1, int(0.99 * len(times)))]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=2, help="conversations per kind (default 2)")
+    parser.add_argument("--turns", type=int, default=60, help="turns of the growing conversation")
+    parser.add_argument("--huge-tokens", type=int, default=1_000_000)
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    args = parser.parse_args()
+    methods = {name: METHODS[name] for name in args.methods.split(",")}
+
+    conversations = [conversation(kind, seed) for kind in CONVERSATION_KINDS for seed in range(args.seeds)]
+    requests = growing(0, args.turns)
+    final = COUNTER.messages(requests[-1])
+    sizes = [COUNTER.messages(c.messages) for c in conversations]
+    print(
+        f"{len(conversations)} conversations, {min(sizes):,}–{max(sizes):,} tokens; "
+        f"growing conversation: {len(requests)} requests up to {final:,} tokens\n"
+    )
+    short = {
+        "system_rule": "sys",
+        "early_user": "early",
+        "middle_assistant": "mid-turn",
+        "old_tool_result": "mid-tool",
+        "latest_instruction": "latest",
+    }
+    header = (
+        f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} "
+        + " ".join(f"{short[k]:>8}" for k in KINDS)
+        + f" {'kept':>5} {'p50 ms':>8} {'p99 ms':>8} {'prefix':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for ratio in RATIOS:
+        for name, method in methods.items():
+            r = evaluate(method, conversations, ratio)
+            stable = stability(method, requests, int(final / ratio))
+            print(
+                f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
+                + " ".join(f"{r[k]:8.0f}" for k in KINDS)
+                + f" {r['kept']:5.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {stable:6.3f}",
+                flush=True,
+            )
+        print()
+
+    big = huge(0, args.huge_tokens)
+    MESSAGE_COUNTS.clear()
+    start = time.perf_counter()
+    total = COUNTER.messages(big)
+    count_s = time.perf_counter() - start
+    _, fit_s = timed(gateway_fit, big, 128_000)
+    print(
+        f"1M test: {total:,} tokens; counting once {count_s * 1000:.0f} ms, "
+        f"fit into 128k {fit_s * 1000:.0f} ms = {fit_s / count_s:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""Shrink one text to about a size, keeping its head, its tail and its informative middle.
+
+Pure text functions, no token counting: sizes are in characters, the caller
+converts its token budget with the message's own characters-per-token ratio
+(exact for that message, so this works for Chinese as well as English) and
+counts only the result. Never tokenising the omitted part is what keeps
+compression cheap on huge conversations.
+
+Pieces are lines (tool output) or sentences (prose); long ones are cut
+further, so text without line breaks still shrinks. Between the head and the
+tail, pieces that look informative in any language are kept when room
+allows: alerts (errors, failures, warnings), identifiers and numbers,
+`key: value` lines, and lines whose shape is unique in a repetitive log.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections import Counter
+from itertools import accumulate
+from typing import Any
+
+import orjson
+
+HEAD_SHARE = 0.35
+TAIL_SHARE = 0.25
+MARKER_CHARS = 48  # room reserved for the omission marker a kept middle piece may add
+MIN_SCORE = 2
+
+# Scanning every line of a megabyte of tool output with regular expressions
+# costs more than tokenizing it, so scoring uses only C-speed string methods:
+# str.translate, `in`, str.find on the lowered text, and Counter.
+ALERTS = (
+    "error",
+    "exception",
+    "fail",
+    "fatal",
+    "panic",
+    "traceback",
+    "warn",
+    "critical",
+    "denied",
+    "refused",
+    "timeout",
+    "timed out",
+    "assert",
+)
+_DIGITS_TO_HASH = str.maketrans("0123456789", "##########")
+EDGE_CHARS = 8  # a line whose opening and ending (digits masked) are unique is no template
+_SENTENCE_END = re.compile(r"(?<=[.!?;。！？；])\s+|(?<=[。！？；])")
+
+
+def marker(lines: int, tokens: int) -> str:
+    if lines > 0:
+        return f"[… {lines:,} lines (~{tokens:,} tokens) omitted by context-gateway …]"
+    return f"[… ~{tokens:,} tokens omitted by context-gateway …]"
+
+
+def _split_long(piece: str, limit: int) -> list[str]:
+    """Cut a piece longer than `limit` at sentence ends, then spaces, then anywhere."""
+    out: list[str] = []
+    while len(piece) > limit:
+        window = piece[:limit]
+        cut = max((m.end() for m in _SENTENCE_END.finditer(window)), default=0)
+        if cut < limit // 3:
+            cut = window.rfind(" ") + 1
+        if cut < limit // 3:
+            cut = limit
+        out.append(piece[:cut])
+        piece = piece[cut:]
+    if piece:
+        out.append(piece)
+    return out
+
+
+def _pieces(text: str, prose: bool, limit: int) -> list[str]:
+    """Split into pieces whose concatenation is `text`."""
+    lines = text.splitlines(keepends=True)
+    pieces: list[str] = []
+    for line in lines:
+        if prose and len(line) > limit // 4:
+            start = 0
+            for cut in [m.end() for m in _SENTENCE_END.finditer(line)] + [len(line)]:
+                if cut > start:
+                    pieces.extend(_split_long(line[start:cut], limit))
+                    start = cut
+        elif len(line) > limit:
+            pieces.extend(_split_long(line, limit))
+        else:
+            pieces.append(line)
+    return pieces
+
+
+def _alert_pieces(pieces: list[str], start: int, stop: int) -> set[int]:
+    """Indexes of pieces in [start, stop) that mention an alert word (any case)."""
+    offsets = list(accumulate(len(pieces[i]) for i in range(start, stop)))
+    lowered = "".join(pieces[start:stop]).lower()
+    found: set[int] = set()
+    for word in ALERTS:
+        position = lowered.find(word)
+        while position != -1:
+            index = bisect_right(offsets, position)
+            found.add(start + index)
+            # Skip to the next piece: one hit per piece is enough.
+            position = lowered.find(word, offsets[index]) if index < len(offsets) else -1
+    return found
+
+
+def _select(pieces: list[str], start: int, stop: int, room: int) -> set[int]:
+    """The most informative pieces of [start, stop) that fit in `room` characters.
+
+    Informative: alerts, digits (numbers, ids, versions), `key: value` or
+    `key = value`, and an opening and ending that no other piece shares. At most one piece
+    per digit-masked shape, so a repeated template cannot crowd out a fact.
+    """
+    alerts = _alert_pieces(pieces, start, stop)
+    # One translate of the whole span: per-piece calls cost more than the work.
+    masked = "".join(pieces[start:stop]).translate(_DIGITS_TO_HASH)
+    ends = list(accumulate(len(pieces[i]) for i in range(start, stop)))
+    shapes = [masked[end - len(pieces[start + k]) : end] for k, end in enumerate(ends)]
+    openings = Counter(shape.lstrip()[:EDGE_CHARS] for shape in shapes)
+    endings = Counter(shape.rstrip()[-EDGE_CHARS:] for shape in shapes)
+    candidates: list[tuple[int, int]] = []
+    for offset, shape in enumerate(shapes):
+        index = start + offset
+        piece = pieces[index]
+        # How often the line's template (its opening or its ending) recurs.
+        common = max(openings[shape.lstrip()[:EDGE_CHARS]], endings[shape.rstrip()[-EDGE_CHARS:]])
+        # A warning repeated from one template says less than a line seen once.
+        alert = (3 if common <= 2 else 1) if index in alerts else 0
+        score = alert + 2 * (shape != piece) + (":" in piece or "=" in piece or "：" in piece)
+        if score and common == 1:
+            score += 3
+        if score >= MIN_SCORE:
+            candidates.append((-score, index))
+    candidates.sort()
+    kept: set[int] = set()
+    seen: set[str] = set()
+    for _, index in candidates:
+        shape = shapes[index - start].strip()
+        cost = len(pieces[index]) + MARKER_CHARS
+        if shape not in seen and cost <= room:
+            seen.add(shape)
+            kept.add(index)
+            room -= cost
+    return kept
+
+
+def collapse_repeats(text: str, min_run: int = 3) -> str:
+    """Fold runs of identical lines into one line and a count (lossless enough, often huge wins)."""
+    lines = text.split("\n")
+    if not any(a == b == c for a, b, c in zip(lines, lines[1:], lines[2:], strict=False)):
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        j = i + 1
+        while j < len(lines) and lines[j] == lines[i]:
+            j += 1
+        out.append(lines[i])
+        if j - i >= min_run:
+            out.append(f"[previous line repeated {j - i - 1:,} more times]")
+        else:
+            out.extend(lines[i + 1 : j])
+        i = j
+    return "\n".join(out)
+
+
+def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool) -> str:
+    """Return `text` shrunk to about `max_chars` characters, with explicit omission markers."""
+    if len(text) <= max_chars:
+        return text
+    budget = max(max_chars, 4 * MARKER_CHARS)
+    pieces = _pieces(text, prose, max(64, budget // 6))
+    head_room = int(budget * HEAD_SHARE)
+    tail_room = int(budget * TAIL_SHARE)
+
+    head = 0
+    used = 0
+    while head < len(pieces) and used + len(pieces[head]) <= head_room:
+        used += len(pieces[head])
+        head += 1
+    tail = len(pieces)
+    used_tail = 0
+    while tail > head and used_tail + len(pieces[tail - 1]) <= tail_room:
+        used_tail += len(pieces[tail - 1])
+        tail -= 1
+    room = budget - used - used_tail - MARKER_CHARS
+
+    middle = range(head, tail)
+    kept = _select(pieces, head, tail, room)
+
+    out: list[str] = pieces[:head]
+    gap: list[str] = []
+
+    def flush() -> None:
+        if gap:
+            omitted = "".join(gap)
+            newline = "" if not out or out[-1].endswith("\n") else "\n"
+            lines = omitted.count("\n")
+            tokens = max(1, round(len(omitted) / chars_per_token))
+            out.append(f"{newline}{marker(lines, tokens)}\n")
+            gap.clear()
+
+    for i in middle:
+        if i in kept:
+            flush()
+            out.append(pieces[i])
+        else:
+            gap.append(pieces[i])
+    flush()
+    out.extend(pieces[tail:])
+    return "".join(out)
+
+
+# JSON: keep the structure (every key) and shorten long arrays and strings, so
+# the result still reads as the same document rather than as broken fragments.
+
+_JSON_STEPS = ((16, 512), (8, 256), (4, 128), (2, 64), (1, 32))
+
+
+MAX_SALIENT_ITEMS = 4
+SALIENT_CHARS = 160
+
+
+def _salient(values: list[Any]) -> list[int]:
+    """Indexes of array items that stand out: they report a problem, or they are
+    objects with a set of keys no sibling has (the exception in a list of records)."""
+    shapes = Counter(tuple(v) for v in values if isinstance(v, dict))
+    found = []
+    for i, value in enumerate(values):
+        odd = isinstance(value, dict) and len(shapes) > 1 and shapes[tuple(value)] == 1
+        text = "" if odd else orjson.dumps(value).decode().lower()
+        if odd or any(word in text for word in ALERTS):
+            found.append(i)
+            if len(found) == MAX_SALIENT_ITEMS:
+                break
+    return found
+
+
+def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]]) -> Any:
+    """`value` with arrays cut to `items` (plus salient ones) and strings to `chars`.
+
+    `memo` keeps each array's salient items across the attempts at smaller sizes.
+    """
+    if isinstance(value, dict):
+        return {key: _shrink(item, items, chars, memo) for key, item in value.items()}
+    if isinstance(value, list):
+        if len(value) <= items + 1:
+            return [_shrink(item, items, chars, memo) for item in value]
+        keep = set(range(items)) | {len(value) - 1}
+        # A few items that stand out survive from the middle, their strings less cut.
+        if id(value) not in memo:
+            memo[id(value)] = _salient(value[1:-1])
+        salient = {1 + i for i in memo[id(value)] if 1 + i >= items}
+        keep |= salient
+        out: list[Any] = []
+        skipped = 0
+        for i, item in enumerate(value):
+            if i in keep:
+                if skipped:
+                    out.append(f"… {skipped:,} more items omitted by context-gateway …")
+                    skipped = 0
+                out.append(_shrink(item, items, max(chars, SALIENT_CHARS) if i in salient else chars, memo))
+            else:
+                skipped += 1
+        return out
+    if isinstance(value, str) and len(value) > chars:
+        return f"{value[: chars // 2]}… ({len(value):,} chars) …{value[-chars // 4 :]}"
+    return value
+
+
+def condense_json(text: str, max_chars: int) -> str | None:
+    """Structure-preserving shrink of a JSON document; None if `text` is not JSON or cannot fit."""
+    stripped = text.lstrip()
+    if not stripped.startswith(("{", "[")):
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    option = orjson.OPT_INDENT_2 if "\n" in stripped else 0
+    memo: dict[int, list[int]] = {}
+    for items, chars in _JSON_STEPS:
+        candidate = orjson.dumps(_shrink(value, items, chars, memo), option=option).decode()
+        if len(candidate) <= max_chars:
+            return candidate
+    return None

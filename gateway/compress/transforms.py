@@ -1,0 +1,205 @@
+"""Pure per-message transforms. Each returns the message itself when it has
+nothing to change, or a new dict (shallow copy, unknown fields kept) — never
+mutates its input. A message's transformed form depends only on that
+message and the limits given, so the same old message is compressed the same
+way on every request (cache-stable)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import orjson
+
+from gateway.compress.condense import collapse_repeats, condense, condense_json
+
+Message = Mapping[str, Any]
+TextFn = Callable[[str, str], str]  # (text, tool name) -> new text
+
+REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details", "thinking_blocks")
+REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+REASONING_OMITTED = "[reasoning omitted by context-gateway]"
+
+
+def text_chars(message: Message) -> int:
+    """Characters of everything textual in a message (to derive its chars-per-token ratio)."""
+    total = 0
+
+    def walk(value: Any) -> None:
+        nonlocal total
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, Mapping):
+            for key in ("text", "content", "arguments", "input", "function", "thinking"):
+                if key in value:
+                    walk(value[key])
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(message.get("content"))
+    walk(message.get("tool_calls"))
+    for key in REASONING_FIELDS:  # counted as tokens too, so part of the density
+        walk(message.get(key))
+    return total
+
+
+def drop_reasoning(message: Message) -> Message:
+    if message.get("role") != "assistant":
+        return message
+    new = {key: value for key, value in message.items() if key not in REASONING_FIELDS}
+    content = message.get("content")
+    if isinstance(content, list):
+        kept = [
+            part
+            for part in content
+            if not (isinstance(part, Mapping) and part.get("type") in REASONING_BLOCKS)
+        ]
+        if len(kept) != len(content):
+            # An empty assistant message is rejected by strict APIs; leave a trace instead.
+            new["content"] = kept or [{"type": "text", "text": REASONING_OMITTED}]
+    return message if new == message else new
+
+
+def _map_text(content: Any, fn: Callable[[str], str]) -> Any:
+    """Apply fn to a string content or to each text part of a content list (same type back)."""
+    if isinstance(content, str):
+        return fn(content)
+    if not isinstance(content, list):
+        return content
+    out = []
+    changed = False
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            text = fn(part["text"])
+            if text != part["text"]:
+                part = {**part, "text": text}
+                changed = True
+        out.append(part)
+    return out if changed else content
+
+
+def tool_names(messages: list[Message]) -> dict[str, str]:
+    """Tool call id -> tool name, from OpenAI tool_calls and Anthropic tool_use blocks."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+                names[str(call.get("id"))] = str(call["function"].get("name", "tool"))
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "tool_use":
+                    names[str(part.get("id"))] = str(part.get("name", "tool"))
+    return names
+
+
+def map_tool_results(message: Message, names: Mapping[str, str], fn: TextFn) -> Message:
+    """Apply fn to the text of every tool result in a message, in either wire format."""
+    if message.get("role") == "tool":
+        name = names.get(str(message.get("tool_call_id")), "tool")
+        content = _map_text(message.get("content"), partial(_swap, fn, name))
+        return message if content is message.get("content") else {**message, "content": content}
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, list):
+        return message
+    out = []
+    changed = False
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "tool_result":
+            name = names.get(str(part.get("tool_use_id")), "tool")
+            inner = _map_text(part.get("content"), partial(_swap, fn, name))
+            if inner is not part.get("content"):
+                part = {**part, "content": inner}
+                changed = True
+        out.append(part)
+    return {**message, "content": out} if changed else message
+
+
+def tool_result_texts(message: Message) -> list[str]:
+    """The texts of every tool result in a message, in either wire format."""
+    texts: list[str] = []
+
+    def collect(text: str, _: str) -> str:
+        texts.append(text)
+        return text
+
+    map_tool_results(message, {}, collect)
+    return texts
+
+
+def _swap(fn: TextFn, name: str, text: str) -> str:
+    return fn(text, name)
+
+
+def trim_tool_text(text: str, max_chars: int, chars_per_token: float) -> str:
+    """Tool output shrunk to about max_chars: JSON by structure, anything else by lines."""
+    if len(text) <= max_chars:
+        return text
+    shrunk = condense_json(text, max_chars)
+    if shrunk is not None:
+        return shrunk
+    folded = collapse_repeats(text)
+    return condense(folded, max_chars, chars_per_token, prose=False)
+
+
+def placeholder(text: str, name: str, chars_per_token: float) -> str:
+    lines = text.count("\n") + 1
+    tokens = round(len(text) / chars_per_token)
+    line = f"[context-gateway: output of tool `{name}` omitted ({lines:,} lines, ~{tokens:,} tokens)]"
+    return line if len(line) < len(text) else text
+
+
+def truncate_message(message: Message, max_chars: int, chars_per_token: float) -> Message:
+    """Middle-truncate a message's own text (not its tool results), and long tool-call arguments."""
+    if message.get("role") == "tool":
+        return message
+    new = dict(message)
+
+    def prose(text: str) -> str:
+        return condense(text, max_chars, chars_per_token, prose=True)
+
+    content = message.get("content")
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "tool_use":
+                part = _shrink_tool_input(part, max_chars)
+            elif isinstance(part, Mapping) and part.get("type") == "text":
+                part = _map_text([part], prose)[0]
+            out.append(part)
+        if any(a is not b for a, b in zip(out, content, strict=True)):
+            new["content"] = out
+    elif isinstance(content, str):
+        new["content"] = prose(content)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        new_calls = [_shrink_call(call, max_chars, chars_per_token) for call in calls]
+        if any(a is not b for a, b in zip(new_calls, calls, strict=True)):
+            new["tool_calls"] = new_calls
+    return message if new == message else new
+
+
+def _shrink_call(call: Any, max_chars: int, chars_per_token: float) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping):
+        return call
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str) or len(arguments) <= max_chars:
+        return call
+    shrunk = condense_json(arguments, max_chars)
+    if shrunk is None:
+        shrunk = condense(arguments, max_chars, chars_per_token, prose=False)
+    return {**call, "function": {**function, "arguments": shrunk}}
+
+
+def _shrink_tool_input(part: Mapping[str, Any], max_chars: int) -> Mapping[str, Any]:
+    value = part.get("input")
+    if not isinstance(value, dict | list):
+        return part
+    text = orjson.dumps(value).decode()
+    if len(text) <= max_chars:
+        return part
+    shrunk = condense_json(text, max_chars)
+    return part if shrunk is None else {**part, "input": orjson.loads(shrunk)}

@@ -1,0 +1,128 @@
+"""Per-message transforms and the text condensers they use."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.compress.condense import collapse_repeats, condense, condense_json
+from gateway.compress.transforms import (
+    drop_reasoning,
+    map_tool_results,
+    placeholder,
+    tool_names,
+    trim_tool_text,
+    truncate_message,
+)
+
+
+def test_condense_keeps_head_tail_and_informative_middle_lines() -> None:
+    lines = [f"2024-05-01 10:00:{i % 60:02d} INFO request served in 12ms" for i in range(2_000)]
+    lines[1_000] = "2024-05-01 10:16:40 ERROR payment gateway refused card for order ORD-88213"
+    text = "\n".join(lines)
+    out = condense(text, 3_000, 4.0, prose=False)
+    assert len(out) < 3_600
+    assert out.startswith(lines[0]) and out.endswith(lines[-1])
+    assert "ORD-88213" in out
+    assert "lines (~" in out and "omitted by context-gateway" in out
+
+
+def test_condense_is_token_aware_for_text_without_spaces() -> None:
+    text = "这是一个很长的中文句子，没有空格。" * 2_000
+    out = condense(text, 600, 1.2, prose=True)
+    assert len(out) < 800 and out.startswith("这是") and "omitted" in out
+
+
+def test_condense_leaves_short_text_alone() -> None:
+    assert condense("short", 100, 4.0, prose=True) == "short"
+
+
+def test_collapse_repeats_folds_runs() -> None:
+    assert collapse_repeats("a\nb\nb\nb\nb\nc") == "a\nb\n[previous line repeated 3 more times]\nc"
+    assert collapse_repeats("a\nb\nb\nc") == "a\nb\nb\nc"
+
+
+def test_json_keeps_every_key_and_marks_shortened_arrays() -> None:
+    doc = {"status": "ok", "items": [{"id": i, "name": f"item {i}"} for i in range(500)], "total": 500}
+    doc["items"][250]["warning"] = "quota exceeded"
+    out = condense_json(json.dumps(doc, indent=2), 3_000)
+    assert out is not None and len(out) <= 3_000
+    parsed = json.loads(out)
+    assert parsed["status"] == "ok" and parsed["total"] == 500
+    assert any("more items omitted" in str(item) for item in parsed["items"])
+    assert {"id": 250, "name": "item 250", "warning": "quota exceeded"} in parsed["items"]
+    assert condense_json("not json", 10) is None
+
+
+def test_trim_tool_text_uses_json_when_it_can() -> None:
+    text = json.dumps({"rows": list(range(5_000))})
+    assert json.loads(trim_tool_text(text, 400, 3.0))["rows"][-1] == 4_999
+
+
+def test_drop_reasoning_removes_fields_and_blocks_only() -> None:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "answer"}],
+        "reasoning_content": "long thoughts",
+        "x_extra": 1,
+    }
+    out = drop_reasoning(message)
+    assert out == {"role": "assistant", "content": [{"type": "text", "text": "answer"}], "x_extra": 1}
+    assert message["reasoning_content"] == "long thoughts"  # not mutated
+    only_thinking = {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}
+    assert drop_reasoning(only_thinking)["content"][0]["type"] == "text"
+    plain = {"role": "assistant", "content": "hi"}
+    assert drop_reasoning(plain) is plain
+
+
+def test_placeholder_names_the_tool_in_both_formats() -> None:
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "function": {"name": "read_file"}}],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "x\n" * 500},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "grep", "input": {}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "y" * 900}]}
+            ],
+        },
+    ]
+    names = tool_names(messages)
+
+    def replace(text: str, name: str) -> str:
+        return placeholder(text, name, 4.0)
+
+    openai = map_tool_results(messages[1], names, replace)
+    assert (
+        openai["content"] == "[context-gateway: output of tool `read_file` omitted (501 lines, ~250 tokens)]"
+    )
+    anthropic = map_tool_results(messages[3], names, replace)
+    block = anthropic["content"][0]
+    assert block["tool_use_id"] == "t" and "`grep`" in block["content"][0]["text"]
+    assert map_tool_results(messages[0], names, replace) is messages[0]
+
+
+def test_truncate_message_keeps_content_type_and_skips_tool_messages() -> None:
+    long = "First sentence. " + "Filler words here. " * 2_000 + "Last sentence."
+    as_list = truncate_message({"role": "user", "content": [{"type": "text", "text": long}]}, 800, 4.0)
+    assert isinstance(as_list["content"], list) and len(as_list["content"][0]["text"]) < 1_000
+    as_str = truncate_message({"role": "assistant", "content": long}, 800, 4.0)
+    assert as_str["content"].startswith("First sentence.") and as_str["content"].endswith("Last sentence.")
+    tool = {"role": "tool", "tool_call_id": "a", "content": long}
+    assert truncate_message(tool, 800, 4.0) is tool
+
+
+def test_truncate_message_shrinks_long_tool_call_arguments_as_json() -> None:
+    arguments = json.dumps({"path": "a.py", "content": "x = 1\n" * 5_000})
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "a", "function": {"name": "write", "arguments": arguments}}],
+    }
+    out = truncate_message(message, 1_000, 3.0)
+    shrunk = json.loads(out["tool_calls"][0]["function"]["arguments"])
+    assert shrunk["path"] == "a.py" and len(shrunk["content"]) < 1_000

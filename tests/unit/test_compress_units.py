@@ -1,0 +1,64 @@
+"""Grouping messages into atomic units and finding the protected ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.compress.units import group_units, is_tool_result_carrier
+
+
+def call(i: str) -> dict[str, Any]:
+    return {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def spans(messages: list[dict[str, Any]]) -> list[tuple[int, int, bool]]:
+    return [(u.start, u.end, u.protected) for u in group_units(messages)]
+
+
+def test_openai_tool_group_with_parallel_answers_is_one_unit() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")]},
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "next"},
+    ]
+    assert spans(messages) == [(0, 1, True), (1, 2, False), (2, 5, False), (5, 6, False), (6, 7, True)]
+
+
+def test_anthropic_tool_use_and_result_carrier_are_one_unit() -> None:
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "g", "input": {}}]},
+        result,
+        {"role": "assistant", "content": "a"},
+    ]
+    assert is_tool_result_carrier(result)
+    # The carrier is not the user speaking: the latest turn starts at "q".
+    assert spans(messages) == [(0, 1, True), (1, 3, True), (3, 4, True)]
+
+
+def test_latest_turn_runs_from_the_last_real_user_message_to_the_end() -> None:
+    messages = [
+        {"role": "user", "content": "old"},
+        {"role": "assistant", "content": "a"},
+        {"role": "developer", "content": "d"},
+        {"role": "user", "content": [{"type": "text", "text": "new"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call("p")]},  # pending, no answer yet
+    ]
+    units = group_units(messages)
+    assert [u.protected for u in units] == [False, False, True, True, True]
+    assert [u.turn_start for u in units] == [True, False, False, True, False]
+
+
+def test_without_any_user_message_the_last_unit_is_protected() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "assistant", "content": "a"},
+        {"role": "assistant", "content": "b"},
+    ]
+    assert [u.protected for u in group_units(messages)] == [True, False, True]
+    assert group_units([]) == []

@@ -1,0 +1,204 @@
+"""Edge cases of `fit` and cache stability on a growing conversation."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+
+import gateway  # noqa: F401
+from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.tokens.counter import counter_for
+from tests.fakes.validation import validate_chat_messages
+
+MODEL = "gpt-4o"
+COUNTER = counter_for(MODEL)
+
+
+def log_text(seed: int, lines: int) -> str:
+    return "\n".join(f"2024-05-01 12:{i % 60:02d}:00 INFO worker-{seed} step {i} ok" for i in range(lines))
+
+
+def prose(words: int) -> str:
+    return " ".join(f"word{i % 50}" for i in range(words)) + "."
+
+
+def agent_turn(turn: int, result_lines: int = 400) -> list[dict[str, Any]]:
+    call = f"call_{turn}"
+    return [
+        {"role": "user", "content": f"Task {turn}: please look at module {turn}."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call, "type": "function", "function": {"name": "run", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": call, "content": log_text(turn, result_lines)},
+        {"role": "assistant", "content": f"Module {turn} looks fine. " + prose(150)},
+    ]
+
+
+def test_empty_list_fits_or_refuses() -> None:
+    assert fit([], model=MODEL, budget_tokens=100).messages == []
+    with pytest.raises(ContextBudgetExceeded):
+        fit([], model=MODEL, budget_tokens=1)
+
+
+def test_only_a_system_message_is_trimmed_as_last_resort() -> None:
+    messages = [{"role": "system", "content": prose(5_000)}]
+    result = fit(messages, model=MODEL, budget_tokens=1_000)
+    assert result.stages == ("protected",)
+    assert result.tokens_after <= 1_000
+    assert result.messages[0]["role"] == "system"
+    assert "omitted by context-gateway" in result.messages[0]["content"]
+
+
+def test_single_huge_user_message_keeps_head_and_tail() -> None:
+    text = "BEGIN " + prose(50_000) + " END"
+    result = fit([{"role": "user", "content": text}], model=MODEL, budget_tokens=2_000)
+    content = result.messages[0]["content"]
+    assert content.startswith("BEGIN") and content.endswith("END")
+    assert result.tokens_after <= 2_000
+
+
+def test_refuses_before_losing_the_latest_user_message() -> None:
+    messages = [{"role": "system", "content": prose(3_000)}, {"role": "user", "content": prose(3_000)}]
+    with pytest.raises(ContextBudgetExceeded) as refused:
+        fit(messages, model=MODEL, budget_tokens=300)
+    assert refused.value.budget == 300
+    assert refused.value.tokens == COUNTER.messages(messages)
+    assert refused.value.minimum > 300
+    assert "300" in str(refused.value)
+
+
+def test_old_tool_results_are_trimmed_before_anything_is_dropped() -> None:
+    messages = [{"role": "system", "content": "Be brief."}]
+    for turn in range(6):
+        messages += agent_turn(turn)
+    messages.append({"role": "user", "content": "Summarise."})
+    result = fit(messages, model=MODEL, budget_tokens=COUNTER.messages(messages) // 2)
+    assert result.stages == ("tool_results",)
+    assert result.messages_dropped == 0
+    trimmed = [
+        m for m in result.messages if m["role"] == "tool" and "omitted by context-gateway" in m["content"]
+    ]
+    assert trimmed and all(m["content"].startswith("2024-05-01 12:00:00") for m in trimmed)
+
+
+def test_parallel_calls_and_pending_calls_stay_paired() -> None:
+    messages: list[dict[str, Any]] = [{"role": "developer", "content": "Use tools."}]
+    for turn in range(8):
+        ids = [f"c{turn}a", f"c{turn}b", f"c{turn}c"]
+        messages.append({"role": "user", "content": prose(300)})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids
+                ],
+            }
+        )
+        messages += [{"role": "tool", "tool_call_id": i, "content": log_text(turn, 200)} for i in ids]
+    messages.append({"role": "user", "content": "go on"})
+    pending = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "late", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    for budget in (20_000, 5_000, 1_000, 400):
+        result = fit(messages, model=MODEL, budget_tokens=budget)
+        assert validate_chat_messages(result.messages) is None
+        assert result.messages[0]["role"] == "developer"
+        with_pending = fit([*messages, pending], model=MODEL, budget_tokens=budget)
+        assert with_pending.messages[-1] is pending and with_pending.messages[-2]["content"] == "go on"
+
+
+def test_anthropic_blocks_keep_pairs_and_drop_old_thinking() -> None:
+    messages: list[dict[str, Any]] = []
+    for turn in range(6):
+        messages.append({"role": "user", "content": [{"type": "text", "text": prose(400)}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": prose(800), "signature": "s"},
+                    {"type": "tool_use", "id": f"t{turn}", "name": "grep", "input": {"q": "x"}},
+                ],
+            }
+        )
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{turn}", "content": "ok"}]}
+        )
+    messages.append({"role": "user", "content": [{"type": "text", "text": "next?"}]})
+    result = fit(messages, model=MODEL, budget_tokens=COUNTER.messages(messages) - 500)
+    assert "reasoning" in result.stages
+    assert validate_chat_messages(result.messages) is None
+    assert result.messages[-1] is messages[-1]
+
+
+def test_unknown_fields_multimodal_and_non_string_content_survive() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": prose(3_000)}, image], "x_tag": 1},
+        {"role": "assistant", "content": prose(3_000), "x_tag": 2, "refusal": None},
+        {"role": "user", "content": "latest", "x_tag": 3},
+    ]
+    original = copy.deepcopy(messages)
+    result = fit(messages, model=MODEL, budget_tokens=5_000)  # the image alone costs ~1.4k
+    assert messages == original
+    assert [m.get("x_tag") for m in result.messages] == [1, 2, 3]
+    assert result.messages[0]["content"][1] == image
+    assert isinstance(result.messages[1]["content"], str) and "refusal" in result.messages[1]
+    assert result.stages == ("truncate",)
+
+
+def test_turns_are_dropped_after_the_head_behind_one_user_marker() -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for turn in range(30):
+        messages += [
+            {"role": "user", "content": f"q{turn} " + prose(100)},
+            {"role": "assistant", "content": prose(100)},
+        ]
+    messages.append({"role": "user", "content": "last"})
+    result = fit(messages, model=MODEL, budget_tokens=3_000)
+    assert result.stages == ("drop_turns",)
+    assert validate_chat_messages(result.messages) is None
+    assert result.messages[:2] == messages[:2]  # the opening of the conversation is kept
+    markers = [
+        m for m in result.messages if "x_id" not in m and "earlier messages omitted" in str(m["content"])
+    ]
+    assert len(markers) == 1 and markers[0]["role"] == "user"
+    assert f"{result.messages_dropped} earlier messages omitted" in markers[0]["content"]
+    after_marker = result.messages[result.messages.index(markers[0]) + 1]
+    assert after_marker["role"] == "user"  # whole turns were removed
+
+
+def test_growing_conversation_shares_long_prefixes() -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    budget = 12_000
+    outputs = []
+    for turn in range(40):
+        history += agent_turn(turn, result_lines=150)[:-1]
+        history.append({"role": "assistant", "content": prose(100)})
+        request = [*history, {"role": "user", "content": f"next {turn}"}]
+        outputs.append(fit(request, model=MODEL, budget_tokens=budget).messages)
+    shares = []
+    for before, after in itertools.pairwise(outputs):
+        same = 0
+        for a, b in zip(before, after, strict=False):
+            if a != b:
+                break
+            same += 1
+        shares.append(COUNTER.messages(before[:same]) / COUNTER.messages(before))
+    assert sum(shares) / len(shares) >= 0.9
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValueError):
+        CompressionOptions(cut_quantum=0)
+    with pytest.raises(ValueError):
+        CompressionOptions(truncate_caps=(1,))
+    with pytest.raises(ValueError):
+        CompressionOptions(tool_result_caps=(512, 2048))

@@ -1,0 +1,225 @@
+"""Property tests of `fit` over random conversations in OpenAI and Anthropic-style shapes.
+
+Texts are built from a drawn seed and length (cheap to generate even when
+huge) out of English words, Chinese, numbers, identifiers and log-like lines.
+Every message carries an unknown field `x_id` (its input position), which
+lets tests check that unknown fields survive and that order is preserved.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gateway  # noqa: F401  (offline tiktoken)
+from gateway.compress import ContextBudgetExceeded, FitResult, fit
+from gateway.compress.units import is_user_input
+from gateway.tokens.counter import counter_for
+from tests.fakes.validation import validate_chat_messages
+
+WORDS = [
+    "the",
+    "build",
+    "failed",
+    "because",
+    "config",
+    "value",
+    "user",
+    "order",
+    "we",
+    "deploy",
+    "服务",
+    "配置",
+    "错误",
+    "用户",
+    "订单",
+    "因为",
+    "部署",
+    "成功",
+    "ERROR",
+    "ok",
+    "id=4471",
+    "AB-1234",
+    "12.5",
+    "2024-05-01",
+    "{",
+    "}",
+    '"key":',
+    "timeout",
+    "的",
+    "。",
+]
+
+
+def make_text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    out: list[str] = []
+    for i in range(words):
+        out.append(rng.choice(WORDS))
+        out.append("\n" if i % 12 == 11 else " ")
+    return "".join(out)
+
+
+texts = st.builds(
+    make_text,
+    st.integers(0, 10_000),
+    st.one_of(st.integers(1, 40), st.integers(40, 600), st.integers(2_000, 6_000)),
+)
+
+
+@st.composite
+def user_content(draw: st.DrawFn) -> Any:
+    text = draw(texts)
+    kind = draw(st.sampled_from(["str", "str", "parts", "image"]))
+    if kind == "str":
+        return text
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if kind == "image":
+        parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+    return parts
+
+
+@st.composite
+def openai_round(draw: st.DrawFn, turn: int, answered: bool) -> list[dict[str, Any]]:
+    calls = draw(st.integers(1, 3))
+    ids = [f"call_{turn}_{draw(st.integers(0, 10**6))}_{i}" for i in range(calls)]
+    assistant: dict[str, Any] = {
+        "role": "assistant",
+        "content": draw(st.sampled_from([None, "Let me look."])),
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+            for i in ids
+        ],
+    }
+    if not answered:
+        return [assistant]
+    answers = [{"role": "tool", "tool_call_id": i, "content": draw(texts)} for i in ids]
+    return [assistant, *answers]
+
+
+@st.composite
+def anthropic_round(draw: st.DrawFn, turn: int, answered: bool) -> list[dict[str, Any]]:
+    calls = draw(st.integers(1, 3))
+    ids = [f"toolu_{turn}_{draw(st.integers(0, 10**6))}_{i}" for i in range(calls)]
+    blocks: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        blocks.append({"type": "thinking", "thinking": draw(texts), "signature": "sig"})
+    blocks.append({"type": "text", "text": "Checking."})
+    blocks += [{"type": "tool_use", "id": i, "name": "grep", "input": {"pattern": "x"}} for i in ids]
+    assistant = {"role": "assistant", "content": blocks}
+    if not answered:
+        return [assistant]
+    results = [{"type": "tool_result", "tool_use_id": i, "content": draw(texts)} for i in ids]
+    return [assistant, {"role": "user", "content": results}]
+
+
+@st.composite
+def conversations(draw: st.DrawFn, max_turns: int = 8) -> list[dict[str, Any]]:
+    style = draw(st.sampled_from(["openai", "anthropic"]))
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(texts)})
+    if draw(st.booleans()):
+        messages.append({"role": "developer", "content": "Answer briefly."})
+    turns = draw(st.integers(0, max_turns))
+    for turn in range(turns):
+        messages.append({"role": "user", "content": draw(user_content())})
+        for _ in range(draw(st.integers(0, 2))):
+            make = openai_round if style == "openai" else anthropic_round
+            messages += draw(make(turn, answered=True))
+        reply: dict[str, Any] = {"role": "assistant", "content": draw(texts)}
+        if draw(st.booleans()):
+            reply["reasoning_content"] = draw(texts)
+        messages.append(reply)
+    if draw(st.booleans()):
+        messages.append({"role": "user", "content": draw(user_content())})
+        if draw(st.integers(0, 4)) == 0:  # tool calls with no answer yet
+            make = openai_round if style == "openai" else anthropic_round
+            messages += draw(make(turns, answered=False))
+    for position, message in enumerate(messages):
+        message["x_id"] = position
+    return messages
+
+
+# -- properties ----------------------------------------------------------------
+
+MODEL = "gpt-4o"
+COUNTER = counter_for(MODEL)
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def fit_or_refuse(messages: list[dict[str, Any]], budget: int) -> FitResult | None:
+    try:
+        return fit(messages, model=MODEL, budget_tokens=budget)
+    except ContextBudgetExceeded as refused:
+        assert refused.budget == budget
+        assert refused.minimum > budget
+        return None
+
+
+def latest_user_id(messages: list[dict[str, Any]]) -> int | None:
+    ids = [m["x_id"] for m in messages if is_user_input(m)]
+    return ids[-1] if ids else None
+
+
+@SETTINGS
+@given(conversations(), st.floats(0.02, 1.2))
+def test_fit_invariants(messages: list[dict[str, Any]], share: float) -> None:
+    original = copy.deepcopy(messages)
+    budget = max(1, int(COUNTER.messages(messages) * share))
+    result = fit_or_refuse(messages, budget)
+    assert messages == original, "input mutated"
+    if result is None:
+        return
+
+    # Fits, and the reported count is the real one.
+    assert result.tokens_after == COUNTER.messages(result.messages) <= budget
+    # Strict API validity: no new error (a pending tool call at the end is invalid on input too).
+    if validate_chat_messages(messages) is None:
+        assert validate_chat_messages(result.messages) is None
+    # Order preserved and unknown fields kept: every non-marker message carries its x_id.
+    ids = [m["x_id"] for m in result.messages if "x_id" in m]
+    assert ids == sorted(set(ids))
+    assert sum("x_id" not in m for m in result.messages) <= 1  # at most the omission marker
+    # System/developer messages and the latest user message are present.
+    for message in messages:
+        if message["role"] in ("system", "developer"):
+            assert message["x_id"] in ids
+    latest = latest_user_id(messages)
+    if latest is not None:
+        assert latest in ids
+    # Untouched unless compression was needed.
+    if COUNTER.messages(messages) <= budget:
+        assert result.messages == messages and result.stages == ()
+    else:
+        assert result.stages
+    # Idempotent and deterministic.
+    again = fit(result.messages, model=MODEL, budget_tokens=budget)
+    assert again.messages == result.messages and again.stages == ()
+    twice = fit(copy.deepcopy(messages), model=MODEL, budget_tokens=budget)
+    assert orjson.dumps(twice.messages) == orjson.dumps(result.messages)
+
+
+@SETTINGS
+@given(conversations(max_turns=3), st.integers(1, 60))
+def test_tiny_budgets_refuse_or_fit(messages: list[dict[str, Any]], budget: int) -> None:
+    result = fit_or_refuse(messages, budget)
+    if result is not None:
+        assert result.tokens_after <= budget
+
+
+@SETTINGS
+@given(messages=conversations())
+def test_aggressive_leaves_headroom_when_it_can(messages: list[dict[str, Any]]) -> None:
+    budget = COUNTER.messages(messages) // 2
+    if fit_or_refuse(messages, budget) is None:
+        return
+    result = fit(messages, model=MODEL, budget_tokens=budget, aggressive=True)
+    headroom = int(budget * 0.7)
+    assert result.tokens_after <= headroom or fit_or_refuse(messages, headroom) is None
+    assert result.tokens_after <= budget
