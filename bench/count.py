@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson
 
 import gateway  # noqa: F401  (offline tiktoken cache)
-from gateway.tokens.cache import CountCache, message_digest
+from gateway.tokens.cache import CountCache, message_key
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import TokenCounter
 from gateway.tokens.encodings import get_encoding, warm_up
@@ -140,7 +140,7 @@ def bench_size(label: str, target: int, repeats: int) -> list[list[str]]:
     warm_counter = fresh_counter()
     warm_counter.request(body)
     warm = median_seconds(lambda: warm_counter.request(body), repeats * 3)
-    hashing = median_seconds(lambda: [message_digest(b"k", m) for m in messages], repeats * 3)
+    hashing = median_seconds(lambda: [message_key(b"k", m) for m in messages], repeats * 3)
     bound = median_seconds(lambda: warm_counter.byte_upper_bound(body_bytes), repeats * 3)
 
     megabytes = sum(len(text.encode()) for text in texts) / 1e6

@@ -632,8 +632,12 @@ def classify_stream_error(chunk: bytes) -> Overflow | None:
     `data: {"object": "error", ...}` after a 200. Only events shaped as errors are
     read, so a completion whose text talks about context lengths never matches.
     """
-    for payload in _sse_payloads(chunk[:_SCAN_LIMIT])[:_MAX_STREAM_EVENTS]:
-        if payload.strip() == b"[DONE]":
+    head = chunk[:_SCAN_LIMIT]
+    # Every error shape names "error"; most streams never do, and skip the parse entirely.
+    if b"error" not in head:
+        return None
+    for payload in _sse_payloads(head)[:_MAX_STREAM_EVENTS]:
+        if b"error" not in payload or payload.strip() == b"[DONE]":
             continue
         scan = _scan(payload)
         if not scan.error_object:

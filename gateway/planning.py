@@ -43,7 +43,7 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     """
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
-    tokens = await count_request_async(counter, chat.payload, size_hint=len(chat.raw))
+    tokens = await count_request_async(counter, chat.payload)
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
         if window.tokens is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import aiohttp
@@ -11,8 +12,10 @@ import orjson
 from gateway.errors import error_body
 from gateway.upstream import UpstreamReply, upstream_broken, upstream_timeout
 
-# The usage chunk is the last data event before [DONE]: this much tail is enough to find it.
+# The usage chunk is the last data event before [DONE]: this much tail is enough to find it,
+# and it spans at most a few of the upstream's chunks.
 TAIL_BYTES = 4096
+TAIL_CHUNKS = 4
 
 
 def sse_error_event(message: str, code: str) -> bytes:
@@ -31,11 +34,12 @@ async def relay_sse(
 
     ``on_complete`` receives the stream's tail once the upstream finished normally.
     """
-    tail = first_chunk[-TAIL_BYTES:]
+    # The last few chunks, not a running copy of the tail: copying on every chunk costs more.
+    recent: deque[bytes] = deque((first_chunk,), maxlen=TAIL_CHUNKS)
     yield first_chunk
     try:
         async for chunk in rest:
-            tail = (tail + chunk)[-TAIL_BYTES:]
+            recent.append(chunk)
             yield chunk
     except TimeoutError:
         yield sse_error_event(
@@ -47,7 +51,7 @@ async def relay_sse(
     except aiohttp.ClientError:
         yield sse_error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
         return
-    on_complete(tail)
+    on_complete(b"".join(recent)[-TAIL_BYTES:])
 
 
 async def first_chunk(reply: UpstreamReply, idle_timeout: float) -> tuple[bytes, AsyncGenerator[bytes, None]]:

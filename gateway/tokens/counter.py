@@ -24,12 +24,13 @@ import asyncio
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final
 
 import tiktoken
 
-from gateway.tokens.cache import CountCache, message_digest
+from gateway.tokens.cache import CacheKey, CountCache, message_key
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.encodings import ModelProfile, get_encoding, profile_for
 from gateway.tokens.formats import REPLY_PRIMING, PromptRules, compact_json
@@ -46,8 +47,17 @@ BYTE_BOUND_SLACK: Final = 64
 # One regex pass is ~5x faster than five substring searches over a JSON body.
 _UNBOUNDED_BY_BYTES: Final = re.compile(rb'"(?:image_url|image|input_audio|file|document)"')
 
-# Below this much text, tokenizing (~1 ms) is cheaper than a thread hop.
-INLINE_COUNT_CHARS: Final = 32 * 1024
+# Below this much uncached JSON, tokenizing (~1 ms) is cheaper than a thread hop.
+INLINE_COUNT_BYTES: Final = 32 * 1024
+
+
+@dataclass
+class Lookup:
+    """A request's messages split by the count cache: what is known and what must be tokenized."""
+
+    cached: int = 0
+    missing: list[tuple[CacheKey | None, Any]] = field(default_factory=list)
+    missing_bytes: int = 0
 
 
 class TokenCounter:
@@ -83,30 +93,61 @@ class TokenCounter:
         return len(self.encoding.encode_ordinary(text)) if text else 0
 
     def _raw_message(self, message: Mapping[str, Any]) -> int:
-        if not isinstance(message, Mapping):  # malformed body: count what is there
-            return self._raw_text(compact_json(message))
-        key = message_digest(self._cache_namespace, message)
-        if key is None:
-            return self._rules.message(message)
-        count = self._cache.get(key)
-        if count is None:
+        lookup = self.lookup([message])
+        return lookup.cached + self._tokenize_missing(lookup)
+
+    def lookup(self, messages: Sequence[Any]) -> Lookup:
+        """Key every message and take what the cache knows: hashing only, no tokenizing."""
+        lookup = Lookup()
+        for message in messages:
+            if not isinstance(message, Mapping):  # malformed body: counted as its JSON, uncached
+                lookup.missing.append((None, message))
+                continue
+            key = message_key(self._cache_namespace, message)
+            count = None if key is None else self._cache.get(key)
+            if count is None:
+                lookup.missing.append((key, message))
+                lookup.missing_bytes += 0 if key is None else key[1]
+            else:
+                lookup.cached += count
+        return lookup
+
+    def _tokenize_missing(self, lookup: Lookup) -> int:
+        total = 0
+        for key, message in lookup.missing:
+            if not isinstance(message, Mapping):
+                total += self._raw_text(compact_json(message))
+                continue
             count = self._rules.message(message)
-            self._cache.put(key, count)
-        return count
+            if key is not None:
+                self._cache.put(key, count)
+            total += count
+        return total
 
     def _raw_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        return sum(self._raw_message(message) for message in messages) + REPLY_PRIMING
+        lookup = self.lookup(messages)
+        return lookup.cached + self._tokenize_missing(lookup) + REPLY_PRIMING
 
     def _raw_request(self, body: Mapping[str, Any]) -> int:
         messages = body.get("messages")
+        return self._finish_request(body, self.lookup(messages if isinstance(messages, list) else []))
+
+    def _finish_request(self, body: Mapping[str, Any], lookup: Lookup) -> int:
+        """Raw tokens of a request whose messages were looked up: tokenize the rest, add the extras."""
+        messages = body.get("messages")
         tools = body.get("tools")
         functions = body.get("functions")
-        total = self._raw_messages(messages) if isinstance(messages, list) else 0
+        total = lookup.cached + self._tokenize_missing(lookup)
+        total += REPLY_PRIMING if isinstance(messages, list) else 0
         total += self._rules.tools(
             tools if isinstance(tools, list) else None,
             functions if isinstance(functions, list) else None,
         )
         return total + self._rules.response_format(body.get("response_format"))
+
+    def finish_request(self, body: Mapping[str, Any], lookup: Lookup) -> int:
+        """`request(body)` given `lookup(body["messages"])` (the part safe to run in a thread)."""
+        return self._scaled(self._finish_request(body, lookup))
 
     # --- estimates -----------------------------------------------------------
 
@@ -157,33 +198,16 @@ def counter_for(model: str) -> TokenCounter:
     return TokenCounter(model)
 
 
-async def count_request_async(
-    counter: TokenCounter, body: Mapping[str, Any], *, size_hint: int | None = None
-) -> int:
-    """`counter.request(body)`, in a worker thread when the body is large.
+async def count_request_async(counter: TokenCounter, body: Mapping[str, Any]) -> int:
+    """`counter.request(body)`, tokenizing in a worker thread when much of it is new.
 
-    tiktoken releases the GIL while encoding, so a large count in a thread
-    does not stall the event loop. `size_hint` is the body's byte length when
-    the caller has it; otherwise the message text is measured.
+    The cache lookup (hashing) stays on the event loop; only what the cache does not
+    know is tokenized, off the loop when it is large (tiktoken releases the GIL, so a
+    big first request does not stall the others). A growing conversation's usual
+    request, all cached but its newest message, never pays for a thread hop.
     """
-    size = _text_size(body) if size_hint is None else size_hint
-    if size < INLINE_COUNT_CHARS:
-        return counter.request(body)
-    return await asyncio.to_thread(counter.request, body)
-
-
-def _text_size(body: Mapping[str, Any]) -> int:
-    """Characters of message text, a cheap proxy for tokenizing time."""
     messages = body.get("messages")
-    if not isinstance(messages, list):
-        return 0
-    size = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, str):
-            size += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                text = part.get("text") if isinstance(part, Mapping) else None
-                size += len(text) if isinstance(text, str) else 0
-    return size
+    lookup = counter.lookup(messages if isinstance(messages, list) else [])
+    if lookup.missing_bytes < INLINE_COUNT_BYTES:
+        return counter.finish_request(body, lookup)
+    return await asyncio.to_thread(counter.finish_request, body, lookup)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gateway  # noqa: F401  (offline tiktoken cache)
-from gateway.tokens.cache import CountCache, message_digest
+from gateway.tokens.cache import CountCache, message_key
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import BYTE_BOUND_SLACK, TokenCounter, count_request_async
 
@@ -60,9 +60,9 @@ def test_growing_conversation_only_tokenizes_new_messages() -> None:
 def test_cache_keys_depend_on_profile_and_content_not_key_order() -> None:
     message = {"role": "user", "content": "hello"}
     reordered = {"content": "hello", "role": "user"}
-    assert message_digest(b"o200k/4o", message) == message_digest(b"o200k/4o", reordered)
-    assert message_digest(b"o200k/4o", message) != message_digest(b"cl100k", message)
-    assert message_digest(b"o200k/4o", message) != message_digest(
+    assert message_key(b"o200k/4o", message) == message_key(b"o200k/4o", reordered)
+    assert message_key(b"o200k/4o", message) != message_key(b"cl100k", message)
+    assert message_key(b"o200k/4o", message) != message_key(
         b"o200k/4o", {**message, "content": "hellO"}
     )
 
@@ -246,19 +246,21 @@ async def test_small_requests_are_counted_inline(monkeypatch: pytest.MonkeyPatch
     assert await count_request_async(counter, body) == counter.request(body)
 
 
-async def test_large_requests_are_counted_in_a_thread() -> None:
+async def test_large_new_text_is_tokenized_in_a_thread_and_cached_text_is_not() -> None:
     counter, _ = spied()
     loop_thread = threading.get_ident()
     seen: list[int] = []
-    original = counter.request
+    original = counter.finish_request
 
-    def recording(body: Any) -> int:
+    def recording(body: Any, lookup: Any) -> int:
         seen.append(threading.get_ident())
-        return original(body)
+        return original(body, lookup)
 
-    counter.request = recording  # type: ignore[method-assign]
+    counter.finish_request = recording  # type: ignore[method-assign]
     body = {"messages": [{"role": "user", "content": "lorem ipsum " * 10_000}]}
-    expected = original(body)
+    expected = TokenCounter("gpt-4o", calibration=Calibration(), cache=CountCache()).request(body)
     assert await count_request_async(counter, body) == expected
-    assert await count_request_async(counter, {"messages": []}, size_hint=10**6) == 3
-    assert seen and all(ident != loop_thread for ident in seen)
+    assert len(seen) == 1 and seen[0] != loop_thread
+    # Once cached, the same large body is counted on the loop: no thread hop for a warm history.
+    assert await count_request_async(counter, body) == expected
+    assert len(seen) == 2 and seen[1] == loop_thread

@@ -1,0 +1,451 @@
+"""What the gateway costs on its fast path, next to the cheapest proxies that could stand in its place.
+
+    python bench/proxy_overhead.py [--quick]
+
+Targets, each its own process on 127.0.0.1 (uvicorn, uvloop, httptools, one worker):
+
+- direct: the fake upstream (tests/fakes/upstream.py) with no proxy in front;
+- floor httpx / floor aiohttp: bench/proxy_floors.py, a bare starlette passthrough
+  over one shared httpx.AsyncClient or aiohttp.ClientSession;
+- gateway: `python -m gateway.cli serve`, no config file, model gpt-4o (128k window,
+  so it counts and decides), requests that fit (no compression).
+
+Matrix: small (~200 tokens) and large (~30k tokens, an agent conversation with
+tool calls) chat requests, non-streaming and streaming, at concurrency 1, 8 and
+32. Per cell: latency p50/p99 seen by the client (whole body read) and the
+proxy process's CPU time (utime+stime from /proc, all threads) per request.
+
+The machine is small and noisy (2 cores shared by client, upstream and proxy),
+so: every target is warmed up first; the whole matrix runs in rounds; within a
+row group the targets take turns in interleaved slices, in a rotating order;
+each figure is the median of the per-round figures. Ratios between targets
+measured side by side are the result, not absolute milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import uvloop
+from proxy_payloads import Payload, build
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+
+DIRECT, FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY = "direct", "floor httpx", "floor aiohttp", "gateway"
+TARGETS = (DIRECT, FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY)
+PROXIES = (FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY)
+FLOORS = (FLOOR_HTTPX, FLOOR_AIOHTTP)
+SIZES = ("small", "large")
+CONCURRENCIES = (1, 8, 32)
+CHAT_PATH = "/v1/chat/completions"
+GOAL_CPU_RATIO = 1.2  # the issue's goal: gateway CPU per request ≤ 1.2× the best floor's
+
+Group = tuple[str, bool, int]  # size, stream, concurrency: the rows compared with each other
+GROUPS: tuple[Group, ...] = tuple((s, st, c) for s in SIZES for st in (False, True) for c in CONCURRENCIES)
+Cell = tuple[Group, str]  # a group and a target
+
+# Bounds, so that a hung target stops the run instead of stalling it.
+READY_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 30.0
+BATCH_TIMEOUT = 120.0
+# Let the last responses' bookkeeping land before reading CPU times.
+SETTLE_SECONDS = 0.05
+# Each row group's requests per target run as this many interleaved slices.
+SLICES = 3
+# Warm-up and measured requests use disjoint nonces, so no measured body was seen before.
+WARMUP_NONCE_BASE = 90_000_000
+CELL_NONCE_STRIDE = 10_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    requests: dict[str, int]
+    """Measured requests per cell and round, by size: /proc CPU times tick every 10 ms, so
+    enough for ≥ ~25 ticks per proxy cell. A multiple of SLICES."""
+    warmup: dict[str, int]
+
+
+FULL = Plan(rounds=3, requests={"small": 600, "large": 300}, warmup={"small": 50, "large": 20})
+QUICK = Plan(rounds=2, requests={"small": 180, "large": 60}, warmup={"small": 20, "large": 8})
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    origin: str
+    ready_seconds: float = 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the bench is killed outright (SIGKILL), its
+    # servers get SIGTERM from the kernel instead of lingering on their ports.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def start(name: str, argv: Sequence[str], *, health: str, env: dict[str, str], logs: Path) -> Server:
+    """Spawn a server and wait until `health` answers 200; time-to-ready is spawn → that 200."""
+    port = free_port()
+    log = logs / f"{name.replace(' ', '-')}.log"
+    started = time.perf_counter()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, *argv, "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C reaches the bench only, which then stops every server itself.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    server = Server(name, process, f"http://127.0.0.1:{port}")
+    deadline = started + READY_TIMEOUT
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(server.origin + health, timeout=1) as reply:
+                if reply.status == 200:
+                    server.ready_seconds = time.perf_counter() - started
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.01)
+    stop(server)
+    raise RuntimeError(f"{name} not ready after {READY_TIMEOUT:g} s:\n{log.read_text()[-2000:]}")
+
+
+def stop(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def servers(logs: Path) -> Iterator[dict[str, Server]]:
+    """Upstream, floors and gateway, started one at a time so each time-to-ready is its own."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GATEWAY_")}
+    running: dict[str, Server] = {}
+    try:
+        upstream = start(
+            DIRECT,
+            ["-m", "tests.fakes.upstream", "--chunk-delay", "0"],
+            health="/v1/models",
+            env=env,
+            logs=logs,
+        )
+        running[DIRECT] = upstream
+        for name, client in ((FLOOR_HTTPX, "httpx"), (FLOOR_AIOHTTP, "aiohttp")):
+            argv = [str(BENCH / "proxy_floors.py"), "--client", client, "--upstream", upstream.origin]
+            running[name] = start(name, argv, health="/healthz", env=env, logs=logs)
+        gateway_env = {
+            **env,
+            "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
+            "GATEWAY_SERVER_LOG_LEVEL": "warning",
+        }
+        running[GATEWAY] = start(
+            GATEWAY, ["-m", "gateway.cli", "serve"], health="/healthz", env=gateway_env, logs=logs
+        )
+        yield running
+    finally:
+        for server in running.values():
+            stop(server)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (every thread, live or exited)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# --- load --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    p50: float
+    p99: float
+    cpu: float | None
+    """Proxy CPU seconds per request; None for the direct target."""
+
+
+def percentile(sorted_values: Sequence[float], share: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(share * len(sorted_values)))]
+
+
+async def fire(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Payload,
+    *,
+    first_nonce: int,
+    count: int,
+    concurrency: int,
+) -> list[float]:
+    """`count` requests, `concurrency` in flight; each latency covers the whole body."""
+    latencies: list[float] = []
+    remaining = iter(range(first_nonce, first_nonce + count))
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+
+    async def worker() -> None:
+        for nonce in remaining:
+            body = payload.body(nonce)
+            started = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as reply:
+                content = await reply.read()
+            latencies.append(time.perf_counter() - started)
+            if reply.status != 200 or (payload.stream and not content.endswith(b"data: [DONE]\n\n")):
+                raise RuntimeError(f"{url} answered {reply.status}: {content[:300]!r}")
+
+    async with asyncio.timeout(BATCH_TIMEOUT):
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+async def check_fast_path(session: aiohttp.ClientSession, gateway: Server, payload: Payload) -> int:
+    """The gateway counted the prompt and forwarded it untouched; returns its token count."""
+    async with session.post(gateway.origin + CHAT_PATH, data=payload.body(WARMUP_NONCE_BASE - 1)) as reply:
+        await reply.read()
+        compression = reply.headers.get("x-gateway-compression")
+        before = reply.headers.get("x-gateway-prompt-tokens-before", "")
+    if reply.status != 200 or compression != "none" or not before.isdigit():
+        raise RuntimeError(f"gateway is not on its fast path: {reply.status}, compression={compression!r}")
+    return int(before)
+
+
+async def row_group(
+    session: aiohttp.ClientSession,
+    running: dict[str, Server],
+    payload: Payload,
+    *,
+    first_nonce: int,
+    count: int,
+    concurrency: int,
+    rotation: int,
+) -> dict[str, Sample]:
+    """Every target on the same bodies, in interleaved slices so that a burst of noise from
+    elsewhere on the machine lands on all of them rather than on one.
+
+    Each proxy's CPU time is read before its first slice and after its last: an idle proxy
+    costs ~1 ms of CPU a second, so the others' slices in between barely register.
+    """
+    cpu_before = {name: cpu_seconds(server.process.pid) for name, server in running.items()}
+    latencies: dict[str, list[float]] = {name: [] for name in TARGETS}
+    per_slice = count // SLICES
+    for index in range(SLICES):
+        shift = (rotation + index) % len(TARGETS)
+        for name in TARGETS[shift:] + TARGETS[:shift]:
+            latencies[name] += await fire(
+                session,
+                running[name].origin + CHAT_PATH,
+                payload,
+                first_nonce=first_nonce + index * per_slice,
+                count=per_slice,
+                concurrency=concurrency,
+            )
+    await asyncio.sleep(SETTLE_SECONDS)
+    samples: dict[str, Sample] = {}
+    for name, measured in latencies.items():
+        cpu = (cpu_seconds(running[name].process.pid) - cpu_before[name]) / len(measured)
+        measured.sort()
+        samples[name] = Sample(
+            percentile(measured, 0.5), percentile(measured, 0.99), None if name == DIRECT else cpu
+        )
+    return samples
+
+
+async def measure(running: dict[str, Server], plan: Plan) -> tuple[dict[Cell, list[Sample]], dict[str, int]]:
+    """Every cell of the matrix, once per round; also the gateway's prompt counts of both sizes."""
+    payloads = {(size, stream): build(size, stream) for size in SIZES for stream in (False, True)}
+    samples: dict[Cell, list[Sample]] = {}
+    connector = aiohttp.TCPConnector(limit=2 * max(CONCURRENCIES), limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tokens = {
+            size: await check_fast_path(session, running[GATEWAY], payloads[size, False]) for size in SIZES
+        }
+        for name in TARGETS:
+            for (size, _), payload in payloads.items():
+                await fire(
+                    session,
+                    running[name].origin + CHAT_PATH,
+                    payload,
+                    first_nonce=WARMUP_NONCE_BASE,
+                    count=plan.warmup[size],
+                    concurrency=8,
+                )
+        for round_index in range(plan.rounds):
+            for group_index, group in enumerate(GROUPS):
+                size, stream, concurrency = group
+                measured = await row_group(
+                    session,
+                    running,
+                    payloads[size, stream],
+                    # The same bodies for every target of the group, new ones for each group and round.
+                    first_nonce=(round_index * len(GROUPS) + group_index) * CELL_NONCE_STRIDE,
+                    count=plan.requests[size],
+                    concurrency=concurrency,
+                    # Rotate who goes first, so no target always runs right after the same neighbour.
+                    rotation=round_index + group_index,
+                )
+                for name, sample in measured.items():
+                    samples.setdefault((group, name), []).append(sample)
+            print(f"  round {round_index + 1}/{plan.rounds} done", file=sys.stderr, flush=True)
+    return samples, tokens
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One target in one row group: medians over rounds, in milliseconds."""
+
+    p50: float
+    p99: float
+    cpu: float | None
+
+
+def summarize(runs: list[Sample]) -> Row:
+    cpus = [run.cpu for run in runs if run.cpu is not None]
+    return Row(
+        statistics.median(run.p50 for run in runs) * 1000,
+        statistics.median(run.p99 for run in runs) * 1000,
+        statistics.median(cpus) * 1000 if cpus else None,
+    )
+
+
+def report(
+    samples: dict[Cell, list[Sample]],
+    running: dict[str, Server],
+    plan: Plan,
+    tokens: dict[str, int],
+) -> None:
+    sizes = "; ".join(
+        f"{size}: {tokens[size]} prompt tokens, {build(size, False).length} bytes" for size in SIZES
+    )
+    print()
+    print(
+        f"Proxy overhead: medians of {plan.rounds} rounds; {plan.requests['small']} small / "
+        f"{plan.requests['large']} large requests per cell; model gpt-4o, fast path (no compression)."
+    )
+    print(f"  {sizes} (tokens as counted by the gateway).")
+    print(
+        f"Goal (issue): gateway CPU per request ≤ {GOAL_CPU_RATIO}× the best floor's "
+        "(the lower of the two floors in the same row group)."
+    )
+    print("+p50: p50 added vs direct. ×best: gateway ÷ best floor on that column (h httpx, a aiohttp).")
+    header = (
+        f"{'size':<6}{'stream':<7}{'conc':>4}  {'target':<14}{'p50 ms':>8}{'p99 ms':>8}{'+p50 ms':>9}"
+        f"{'CPU/req ms':>11}{'+p50 ×best':>12}{'CPU ×best':>11}  goal"
+    )
+    print(header)
+    print("-" * len(header))
+    met = 0
+    for size, stream, concurrency in GROUPS:
+        rows = {name: summarize(samples[(size, stream, concurrency), name]) for name in TARGETS}
+        added = {name: rows[name].p50 - rows[DIRECT].p50 for name in TARGETS}
+        cpu = {name: row.cpu for name, row in rows.items() if row.cpu is not None}
+        best_latency = min(FLOORS, key=added.__getitem__)
+        best_cpu = min(FLOORS, key=cpu.__getitem__)
+        for name in TARGETS:
+            row = rows[name]
+            lead = f"{size:<6}{'yes' if stream else 'no':<7}{concurrency:>4}" if name == DIRECT else ""
+            line = (
+                f"{lead:<17}  {name:<14}{row.p50:>8.2f}{row.p99:>8.2f}"
+                f"{'—' if name == DIRECT else f'{added[name]:+.2f}':>9}"
+                f"{f'{cpu[name]:.2f}' if name in cpu else '—':>11}"
+            )
+            if name == GATEWAY:
+                cpu_ratio = ratio(cpu[GATEWAY], cpu[best_cpu])
+                ok = cpu_ratio is not None and cpu_ratio <= GOAL_CPU_RATIO
+                met += ok
+                line += (
+                    f"{times(ratio(added[GATEWAY], added[best_latency]), best_latency):>12}"
+                    f"{times(cpu_ratio, best_cpu):>11}  {'met' if ok else 'MISSED'}"
+                )
+            print(line)
+        print()
+    print(f"Goal met in {met}/{len(GROUPS)} row groups.")
+    print(
+        "Resident memory after the run: "
+        + ", ".join(f"{name} {rss_mb(running[name].process.pid):.0f} MB" for name in PROXIES)
+    )
+    print(
+        "Time to ready (spawn → health 200, each started alone): "
+        + ", ".join(f"{name} {running[name].ready_seconds:.2f} s" for name in PROXIES)
+    )
+
+
+def ratio(value: float, best: float) -> float | None:
+    # A floor's added latency can be lost in noise (≈ 0 or below): no ratio to it means anything.
+    return value / best if best > 0.05 else None
+
+
+def times(value: float | None, floor: str) -> str:
+    return "n/a" if value is None else f"{value:.2f}× {floor.split()[-1][0]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and requests (~1 min)")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    # SIGTERM would otherwise end the bench without its cleanup; as an exception, `finally` runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as logs, servers(Path(logs)) as running:
+        print("servers ready; warming up and measuring …", file=sys.stderr, flush=True)
+        samples, tokens = uvloop.run(measure(running, plan))
+        report(samples, running, plan, tokens)
+    print(f"(run took {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
