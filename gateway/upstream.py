@@ -302,12 +302,18 @@ async def iter_body(
     to its end, so a client that goes away stops the upstream generation at once.
     """
     loop = asyncio.get_running_loop()
+    content = response.content
     complete = False
     try:
         while True:
-            wake_at = loop.time() + idle_timeout
-            async with asyncio.timeout_at(wake_at if deadline is None else min(wake_at, deadline)):
-                chunk = await response.content.readany()
+            # What is already buffered needs no timer (under load most chunks are).
+            chunk = content.read_nowait()
+            if not chunk and not content.at_eof():
+                wake_at = loop.time() + idle_timeout
+                async with asyncio.timeout_at(wake_at if deadline is None else min(wake_at, deadline)):
+                    chunk = await content.readany()
+            elif deadline is not None and loop.time() > deadline:
+                raise TimeoutError
             if not chunk:
                 complete = True
                 return

@@ -76,6 +76,7 @@ class TokenCounter:
         self._cache = MESSAGE_COUNTS if cache is None else cache
         self._rules = PromptRules(self.profile, self._raw_text)
         self._cache_namespace = self.profile.key.encode()
+        self._tools_namespace = self._cache_namespace + b"/tools"
 
     @property
     def scale(self) -> float:
@@ -124,6 +125,18 @@ class TokenCounter:
             total += count
         return total
 
+    def _raw_tools(self, tools: Sequence[Any] | None, functions: Sequence[Any] | None) -> int:
+        """Tool definitions repeat on every request of an agent: cached like messages."""
+        if not tools and not functions:
+            return 0
+        key = message_key(self._tools_namespace, {"tools": tools, "functions": functions})
+        count = None if key is None else self._cache.get(key)
+        if count is None:
+            count = self._rules.tools(tools, functions)
+            if key is not None:
+                self._cache.put(key, count)
+        return count
+
     def _raw_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         lookup = self.lookup(messages)
         return lookup.cached + self._tokenize_missing(lookup) + REPLY_PRIMING
@@ -139,7 +152,7 @@ class TokenCounter:
         functions = body.get("functions")
         total = lookup.cached + self._tokenize_missing(lookup)
         total += REPLY_PRIMING if isinstance(messages, list) else 0
-        total += self._rules.tools(
+        total += self._raw_tools(
             tools if isinstance(tools, list) else None,
             functions if isinstance(functions, list) else None,
         )
@@ -164,7 +177,7 @@ class TokenCounter:
 
     def tools(self, tools: Sequence[Any] | None, functions: Sequence[Any] | None = None) -> int:
         """`tools` and legacy `functions` definitions (0 when there are none)."""
-        return self._scaled(self._rules.tools(tools, functions))
+        return self._scaled(self._raw_tools(tools, functions))
 
     def request(self, body: Mapping[str, Any]) -> int:
         """A whole chat-completions body: messages, tools/functions, response schema."""
