@@ -27,23 +27,33 @@ OVERFLOW_RETRY_HEADROOM = 0.9
 OVERFLOW_BLIND_CUT = 0.75
 
 
-@dataclass(frozen=True)
+@dataclass
 class Plan:
     body: bytes
-    tokens_before: int
-    tokens_after: int
     budget: int | None
+    tokens_before: int = 0
+    tokens_after: int = 0
     stages: tuple[str, ...] = ()
+    # The exact count of a prompt already known to fit, running while the upstream works.
+    counting: asyncio.Task[int] | None = None
+
+    async def settle(self) -> None:
+        """Wait for a count still running (the headers and calibration need it)."""
+        if self.counting is not None:
+            self.tokens_before = self.tokens_after = await self.counting
+            self.counting = None
 
 
 async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | None = None) -> Plan:
     """The body to forward: the original bytes when the prompt fits, a fitted one otherwise.
 
     ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window.
+    When no decision needs the exact count — no known budget, or the free byte bound (a BPE
+    token covers at least one byte) is already under it — the original bytes go out at once
+    and the count runs alongside the upstream request.
     """
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
-    tokens = await count_request_async(counter, chat.payload)
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
         if window.tokens is not None:
@@ -54,11 +64,21 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
                 default_output_reserve=cfg.default_output_reserve,
                 safety_margin=cfg.safety_margin,
             )
-    if budget is None or (tokens <= budget and chat.mode != "aggressive"):
-        return Plan(chat.raw, tokens, tokens, budget)
+    if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
+        return Plan(
+            chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, chat.payload))
+        )
+    tokens = await count_request_async(counter, chat.payload)
+    if tokens <= budget and chat.mode != "aggressive":
+        return Plan(chat.raw, budget, tokens, tokens)
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
         return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
     return _fitted_plan(runtime, chat, counter, tokens, budget)
+
+
+def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
+    bound = counter.byte_upper_bound(raw)
+    return bound is not None and bound <= budget
 
 
 def _fitted_plan(
@@ -87,13 +107,13 @@ def _fitted_plan(
             headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},
         ) from None
     if not result.stages:
-        return Plan(chat.raw, tokens, tokens, budget)
+        return Plan(chat.raw, budget, tokens, tokens)
     for stage in result.stages:
         metrics.COMPRESSIONS.labels(stage).inc()
     tokens_after = result.tokens_after + fixed
     metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - tokens_after))
     body = orjson.dumps({**chat.payload, "messages": result.messages})
-    return Plan(body, tokens, tokens_after, budget, tuple(result.stages))
+    return Plan(body, budget, tokens, tokens_after, tuple(result.stages))
 
 
 def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int | None:

@@ -57,6 +57,7 @@ async def chat_completions(request: Request) -> Response:
     )
 
     attempt = await _send(runtime, chat, plan, upstream_headers)
+    await plan.settle()
     retried = False
     first_overflow = attempt.overflow
     retry_budget = None

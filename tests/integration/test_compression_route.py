@@ -1,0 +1,168 @@
+"""Compression on the request path: only when over budget, valid for a strict upstream, controllable."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import GatewayFactory
+from tests.fakes.upstream import FakeUpstream
+
+WINDOW = 6_000
+MODELS = json.dumps({"agent-model": {"context_window": WINDOW}})
+SYSTEM_RULE = "Always answer in French."
+LATEST = "Now fix the failing test in parser.py."
+
+
+def _agent_conversation(rounds: int) -> list[dict[str, object]]:
+    """A coding agent: each round an assistant tool call and a long tool result."""
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": SYSTEM_RULE},
+        {"role": "user", "content": "Investigate the parser bug."},
+    ]
+    for i in range(rounds):
+        call_id = f"call_{i}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "arguments": json.dumps({"path": f"src/mod{i}.py"}),
+                        },
+                    }
+                ],
+            }
+        )
+        lines = "\n".join(f"{n:04d}    value_{i}_{n} = compute({n}, cache=True)" for n in range(120))
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": lines})
+    messages.append({"role": "user", "content": LATEST})
+    return messages
+
+
+def _post(url: str, messages: list[dict[str, object]], **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/chat/completions",
+        json={"model": "agent-model", "messages": messages, "max_tokens": 500},
+        headers=headers,
+        timeout=30,
+    )
+
+
+def test_over_budget_conversation_is_fitted_and_accepted(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    fake_upstream.window = WINDOW
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    answer = _post(url, _agent_conversation(12))
+    assert answer.status_code == 200, answer.text
+    before = int(answer.headers["x-gateway-prompt-tokens-before"])
+    after = int(answer.headers["x-gateway-prompt-tokens-after"])
+    assert before > WINDOW > after
+    stages = answer.headers["x-gateway-compression"].split(",")
+    assert "tool_results" in stages
+    sent = fake_upstream.received[-1].json["messages"]
+    # The strict fake accepted it (tool pairs intact); the system rule and latest turn survived.
+    assert sent[0] == {"role": "system", "content": SYSTEM_RULE}
+    assert sent[-1] == {"role": "user", "content": LATEST}
+    assert answer.json()["usage"]["prompt_tokens"] + 500 <= WINDOW
+
+
+def test_fitting_conversation_is_not_touched(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    messages = _agent_conversation(1)
+    answer = _post(url, messages)
+    assert answer.headers["x-gateway-compression"] == "none"
+    assert fake_upstream.received[-1].json["messages"] == messages
+
+
+def test_compression_off_forwards_as_is(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
+    fake_upstream.window = WINDOW
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    messages = _agent_conversation(12)
+    answer = _post(url, messages, **{"x-gateway-compression": "off"})
+    # The upstream's own overflow error reaches the client unchanged; no retry was attempted.
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 6000 tokens" in answer.json()["error"]["message"]
+    assert fake_upstream.hits["/v1/chat/completions"] == 1
+    assert fake_upstream.received[-1].json["messages"] == messages
+
+
+def test_aggressive_leaves_more_headroom(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    budget = WINDOW - 500 - 256  # window - max_tokens - safety margin
+    messages = _agent_conversation(12)
+    auto = _post(url, messages)
+    aggressive = _post(url, messages, **{"x-gateway-compression": "aggressive"})
+    assert aggressive.status_code == auto.status_code == 200
+    aggressive_after = int(aggressive.headers["x-gateway-prompt-tokens-after"])
+    assert aggressive_after <= int(auto.headers["x-gateway-prompt-tokens-after"]) <= budget
+    assert aggressive_after <= 0.7 * budget  # compression.aggressive_ratio
+
+
+def test_sdk_streaming_agent_through_compression(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    fake_upstream.window = WINDOW
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="agent-model",
+        messages=_agent_conversation(12),  # type: ignore[arg-type]
+        max_tokens=500,
+        stream=True,
+    )
+    assert raw.headers["x-gateway-compression"] != "none"
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    assert text == f"echo: {LATEST}"
+
+
+def test_prompt_that_cannot_fit_is_refused_with_numbers(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_gateway(GATEWAY_MODELS=json.dumps({"tiny-model": {"context_window": 1_000}}))
+    # 1000 - 600 (max_tokens) - 256 (margin) leaves 144 tokens: less than the system prompt and
+    # the latest message can be trimmed to without losing them.
+    huge = {"role": "user", "content": " ".join(f"word{n}" for n in range(5_000))}
+    answer = httpx.post(
+        f"{url}/chat/completions",
+        json={
+            "model": "tiny-model",
+            "max_tokens": 600,
+            "messages": [{"role": "system", "content": "x " * 2_000}, huge],
+        },
+        timeout=30,
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert "budget" in error["message"] and any(ch.isdigit() for ch in error["message"])
+    assert answer.headers["x-gateway-compression"] == "refused"
+    assert fake_upstream.received == []
+
+
+@pytest.mark.parametrize("mode", ["auto", "aggressive"])
+def test_unknown_model_is_forwarded_unfitted(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, mode: str
+) -> None:
+    """Without a known window the gateway cannot guess: it forwards and learns from the upstream."""
+    url = start_gateway()
+    messages = _agent_conversation(12)
+    answer = httpx.post(
+        f"{url}/chat/completions",
+        json={"model": "never-heard-of-it", "messages": messages},
+        headers={"x-gateway-compression": mode},
+    )
+    assert answer.status_code == 200
+    assert answer.headers["x-gateway-compression"] == "none"
+    assert fake_upstream.received[-1].json["messages"] == messages
