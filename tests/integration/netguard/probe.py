@@ -28,7 +28,9 @@ def main() -> None:
 def _chat(port: int, model: str) -> int:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}]}).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=body,
+        headers={"content-type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as answer:
         status: int = answer.status
@@ -70,7 +72,11 @@ def probe(log: Path, upstream_url: str) -> dict[str, object]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             result["metrics"] = answer.status
         # Exact (tiktoken, model map) and approximated (unknown family) counting paths.
-        result["chat"] = [_chat(port, "gpt-4o"), _chat(port, "claude-sonnet-4-5"), _chat(port, "my-local-llm")]
+        result["chat"] = [
+            _chat(port, "gpt-4o"),
+            _chat(port, "claude-sonnet-4-5"),
+            _chat(port, "my-local-llm"),
+        ]
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
