@@ -2,7 +2,8 @@
 
 The environment name of a key is ``GATEWAY_`` + its dotted path in upper case
 with dots as underscores: ``upstream.base_url`` -> ``GATEWAY_UPSTREAM_BASE_URL``.
-Mapping-valued keys (``models``) take JSON: ``GATEWAY_MODELS='{"m": {"context_window": 32000}}'``.
+Mapping-valued keys (``models``) take JSON: ``GATEWAY_MODELS='{"m": {"context_window": 32000}}'``;
+list-valued keys take commas: ``GATEWAY_COMPRESSION_TOOL_RESULT_CAPS=2048,256``.
 """
 
 from __future__ import annotations
@@ -166,6 +167,13 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping")
         return {str(k): _convert(value_type, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        item_type = typing.get_args(hint)[0]
+        # From the environment a list is comma-separated: GATEWAY_COMPRESSION_TOOL_RESULT_CAPS=2048,256
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ConfigError(f"{where} must be a list")
+        return tuple(_convert(item_type, item, f"{where}[{i}]") for i, item in enumerate(items))
     if hint is bool:
         if isinstance(value, bool):
             return value

@@ -66,6 +66,16 @@ def test_environment_overrides_yaml(tmp_path: Path) -> None:
     assert settings.window_overrides() == {"m1": 1000}
 
 
+def test_list_values_from_yaml_and_environment(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("compression:\n  tool_result_caps: [4096, 512]\n")
+    assert load_settings(config, {}).compression.tool_result_caps == (4096, 512)
+    from_env = load_settings(config, {"GATEWAY_COMPRESSION_TOOL_RESULT_CAPS": "1024,128"})
+    assert from_env.compression.tool_result_caps == (1024, 128)
+    with pytest.raises(ConfigError, match=r"compression.tool_result_caps\[1\] must be a number"):
+        load_settings(None, {"GATEWAY_COMPRESSION_TOOL_RESULT_CAPS": "1024,lots"})
+
+
 def test_config_path_from_environment(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("server:\n  port: 9999\n")
