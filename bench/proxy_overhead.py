@@ -27,17 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +40,8 @@ from pathlib import Path
 import aiohttp
 import uvloop
 from proxy_payloads import Payload, build
+from servers import REPO, Server, bench_environment, start, stop
 
-REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 
 DIRECT, FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY = "direct", "floor httpx", "floor aiohttp", "gateway"
@@ -63,7 +58,6 @@ GROUPS: tuple[Group, ...] = tuple((s, st, c) for s in SIZES for st in (False, Tr
 Cell = tuple[Group, str]  # a group and a target
 
 # Bounds, so that a hung target stops the run instead of stalling it.
-READY_TIMEOUT = 60.0
 REQUEST_TIMEOUT = 30.0
 BATCH_TIMEOUT = 120.0
 # Let the last responses' bookkeeping land before reading CPU times.
@@ -91,74 +85,10 @@ QUICK = Plan(rounds=2, requests={"small": 180, "large": 60}, warmup={"small": 20
 # --- processes ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    name: str
-    process: subprocess.Popen[bytes]
-    origin: str
-    ready_seconds: float = 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if the bench is killed outright (SIGKILL), its
-    # servers get SIGTERM from the kernel instead of lingering on their ports.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def start(name: str, argv: Sequence[str], *, health: str, env: dict[str, str], logs: Path) -> Server:
-    """Spawn a server and wait until `health` answers 200; time-to-ready is spawn → that 200."""
-    port = free_port()
-    log = logs / f"{name.replace(' ', '-')}.log"
-    started = time.perf_counter()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, *argv, "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C reaches the bench only, which then stops every server itself.
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-    server = Server(name, process, f"http://127.0.0.1:{port}")
-    deadline = started + READY_TIMEOUT
-    while time.perf_counter() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(server.origin + health, timeout=1) as reply:
-                if reply.status == 200:
-                    server.ready_seconds = time.perf_counter() - started
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.01)
-    stop(server)
-    raise RuntimeError(f"{name} not ready after {READY_TIMEOUT:g} s:\n{log.read_text()[-2000:]}")
-
-
-def stop(server: Server) -> None:
-    if server.process.poll() is None:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(timeout=5)
-
-
 @contextlib.contextmanager
 def servers(logs: Path) -> Iterator[dict[str, Server]]:
     """Upstream, floors and gateway, started one at a time so each time-to-ready is its own."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GATEWAY_")}
+    env = bench_environment()
     running: dict[str, Server] = {}
     try:
         upstream = start(

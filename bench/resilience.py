@@ -32,12 +32,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,10 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from servers import Server, bench_environment, start, stop
 
-REPO = Path(__file__).resolve().parent.parent
 CHAT = "/v1/chat/completions"
-READY_TIMEOUT = 60.0
 REQUEST_TIMEOUT = 30.0
 MAX_TOKENS = 256
 WORDS_PER_MESSAGE = 40  # ~200 tokens a message, ~400 an exchange
@@ -59,67 +54,9 @@ WORDS_PER_MESSAGE = 40  # ~200 tokens a message, ~400 an exchange
 # --- processes ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    name: str
-    process: subprocess.Popen[bytes]
-    origin: str
-    log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:
-    # In the child before exec: if the bench is killed outright, its servers get SIGTERM.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def start(name: str, argv: Sequence[str], *, health: str, env: dict[str, str], logs: Path) -> Server:
-    port = free_port()
-    log = logs / f"{name}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, *argv, "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-    server = Server(name, process, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(server.origin + health, timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.02)
-    stop(server)
-    raise RuntimeError(f"{name} not ready after {READY_TIMEOUT:g} s:\n{log.read_text()[-2000:]}")
-
-
-def stop(server: Server) -> None:
-    if server.process.poll() is None:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(timeout=5)
-
-
 @contextlib.contextmanager
 def servers(window: int, logs: Path) -> Iterator[dict[str, Server]]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GATEWAY_")}
+    env = bench_environment()
     running: dict[str, Server] = {}
     try:
         running["fake-window"] = start(
