@@ -1,0 +1,69 @@
+"""`context-gateway compress`: a dry run of what the gateway would send."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gateway.cli import main
+from gateway.tokens.counter import counter_for
+from tests.fakes.validation import validate_chat_messages
+
+
+def _agent_body(rounds: int) -> dict[str, object]:
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": "Rule: cite file paths."},
+        {"role": "user", "content": "Find the bug."},
+    ]
+    for i in range(rounds):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": f"c{i}", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"match {i}\n" * 400})
+    messages.append({"role": "user", "content": "Which file?"})
+    return {"model": "gpt-4o", "messages": messages, "temperature": 0.2}
+
+
+def test_compress_with_budget_prints_valid_fitted_body(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(_agent_body(10)))
+    assert main(["compress", "--model", "gpt-4o", "--budget", "3000", str(request)]) == 0
+    captured = capsysbinary.readouterr()
+    body = orjson.loads(captured.out)
+    assert body["temperature"] == 0.2 and body["model"] == "gpt-4o"
+    assert counter_for("gpt-4o").request(body) <= 3000
+    assert validate_chat_messages(body["messages"]) is None
+    assert body["messages"][-1] == {"role": "user", "content": "Which file?"}
+    report = captured.err.decode()
+    assert "budget 3000 tokens" in report and "stages: " in report and "tool_results" in report
+
+
+def test_compress_with_window_and_bare_list(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    request = tmp_path / "messages.json"
+    request.write_text(json.dumps(_agent_body(10)["messages"]))
+    assert main(["compress", "--model", "gpt-4o", "--window", "8000", str(request)]) == 0
+    captured = capsysbinary.readouterr()
+    # An unstated output reserve is capped at a quarter of the window: 8000 - 2000 - 256.
+    assert b"budget 5744 tokens" in captured.err
+    assert validate_chat_messages(orjson.loads(captured.out)["messages"]) is None
+
+
+def test_compress_refusal_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "huge.json"
+    huge = [{"role": "system", "content": "s " * 3000}, {"role": "user", "content": "u " * 3000}]
+    request.write_text(json.dumps(huge))
+    assert main(["compress", "--model", "gpt-4o", "--budget", "100", str(request)]) == 1
+    assert "cannot fit" in capsys.readouterr().err
