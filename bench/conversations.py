@@ -236,12 +236,28 @@ def conversation(kind: str, seed: int, turns: int | None = None, scale: float = 
     return _finish(kind, messages, canaries, rng)
 
 
-def growing(seed: int, turns: int = 60) -> list[list[Message]]:
-    """Request bodies of a conversation growing turn by turn (each ends with a user message)."""
+def growing(seed: int, turns: int = 60, agent_loop: bool = False) -> list[list[Message]]:
+    """Request bodies of a conversation growing turn by turn (each ends with a user message).
+
+    agent_loop: also the requests an agent sends within a turn, after each
+    round of tool results (the latest turn then holds them at full size).
+    """
     full = conversation("agent", seed, turns=turns, scale=0.1).messages
-    return [
-        full[: i + 1] for i, m in enumerate(full) if m["role"] == "user" and isinstance(m["content"], str)
-    ]
+    if not agent_loop:
+        return [
+            full[: i + 1] for i, m in enumerate(full) if m["role"] == "user" and isinstance(m["content"], str)
+        ]
+    requests = []
+    for i, message in enumerate(full[1:], start=1):
+        following = full[i + 1]["role"] if i + 1 < len(full) else None
+        results = message["role"] == "tool" or (
+            message["role"] == "user" and not isinstance(message["content"], str)
+        )
+        if (message["role"] == "user" and isinstance(message["content"], str)) or (
+            results and following not in ("tool",)
+        ):
+            requests.append(full[: i + 1])
+    return requests
 
 
 def huge(seed: int, tokens: int) -> list[Message]:

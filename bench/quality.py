@@ -1,6 +1,6 @@
 """Compression quality benchmark: context-gateway's `fit` against three baselines.
 
-    python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000]
+    python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000] [--agent-loop]
 
 For budgets of 1/1.5, 1/3 and 1/10 of each generated conversation's size it
 prints, per method: fits %, strict-API-valid % (tests/fakes/validation.py),
@@ -8,8 +8,12 @@ survival % of each canary kind, tokens kept %, median and p99 time per fit
 (token-count cache cleared before each call, so every method counts cold),
 and prefix stability over a growing agent conversation (share of turn N's
 compressed prompt, in tokens, that is an identical message prefix of turn
-N+1's). It ends with the time to fit a ~1M-token conversation into 128k
-against the time to merely count it once.
+N+1's). With --agent-loop a last column gives the same stability when the
+client also sends the requests an agent makes within a turn, after each
+round of tool results (~3.5x the requests; the latest turn then holds tool
+results at full size, which become old and compressed at the next turn).
+It ends with the time to fit a ~1M-token conversation into 128k against the
+time to merely count it once.
 
 Baselines, implemented here:
   keep-newest      system messages + the newest messages that fit
@@ -187,11 +191,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=60, help="turns of the growing conversation")
     parser.add_argument("--huge-tokens", type=int, default=1_000_000)
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    parser.add_argument(
+        "--agent-loop", action="store_true", help="add the stability over an agent's every request"
+    )
     args = parser.parse_args()
     methods = {name: METHODS[name] for name in args.methods.split(",")}
 
     conversations = [conversation(kind, seed) for kind in CONVERSATION_KINDS for seed in range(args.seeds)]
     requests = growing(0, args.turns)
+    loop = growing(0, args.turns, agent_loop=True) if args.agent_loop else []
     final = COUNTER.messages(requests[-1])
     sizes = [COUNTER.messages(c.messages) for c in conversations]
     print(
@@ -209,6 +217,7 @@ def main() -> None:
         f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} "
         + " ".join(f"{short[k]:>8}" for k in KINDS)
         + f" {'kept':>5} {'p50 ms':>8} {'p99 ms':>8} {'prefix':>6}"
+        + (f" {'loop':>6}" if loop else "")
     )
     print(header)
     print("-" * len(header))
@@ -216,10 +225,11 @@ def main() -> None:
         for name, method in methods.items():
             r = evaluate(method, conversations, ratio)
             stable = stability(method, requests, int(final / ratio))
+            looped = f" {stability(method, loop, int(final / ratio)):6.3f}" if loop else ""
             print(
                 f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
                 + " ".join(f"{r[k]:8.0f}" for k in KINDS)
-                + f" {r['kept']:5.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {stable:6.3f}",
+                + f" {r['kept']:5.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {stable:6.3f}{looped}",
                 flush=True,
             )
         print()

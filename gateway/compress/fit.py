@@ -4,36 +4,63 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
   1 reasoning     drop reasoning fields and thinking blocks
   2 tool_results  trim tool outputs to each cap of a ladder in turn (head, tail,
                   informative lines; JSON by structure)
-  3 tool_results  replace tool outputs by a one-line placeholder
+  3 tool_results  replace tool outputs by a one-line placeholder (images and
+                  files inside tool results go with them)
   (an LLM summarizer would slot in here, between the lossless-ish and the lossy stages)
-  4 truncate      middle-truncate long messages (head, tail, sentences with facts)
+  4 truncate      middle-truncate long messages (head, tail, sentences with facts),
+                  then, as the last rung, replace old images, audio and files by a
+                  one-line placeholder: an omitted image is lost whole, so it goes
+                  only when truncating text is not enough, but before any turn
   5 drop_turns    remove whole turns behind one marker message: the opening of
                   the history (task statement, first facts) is kept up to a
                   share of the budget, turns after it go oldest first
   6 protected     trim the system prompt and the latest turn, or refuse
 Stages 1–4 only touch units before the latest user turn (and never system or
-developer messages); results of the latest turn are kept.
+developer messages); results, images and files of the latest turn are kept.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every
 request. Each rung of stages 1–4 applies to the whole history before the
 latest turn or not at all: on a growing conversation the previous compressed
 prompt is then reproduced byte for byte, followed by the newly old messages
-in compressed form, and the prefix only breaks when the rung changes (once
-per rung in a conversation's life; fewer rungs, fewer breaks). Applying a
-rung oldest-first up to a moving cut was measured to break the prefix at the
+in compressed form, and the prefix only breaks when the rung changes. Applying
+a rung oldest-first up to a moving cut was measured to break the prefix at the
 cut nearly every turn: the history after the cut grows at the weaker rung's
 size, so the cut has to move again almost at once.
+
+A rung change re-cuts the history from the first message it changes (nearly
+the whole prompt misses the cache), so rungs are climbed with hysteresis: a
+rung is skipped when, where the history first overflowed the rung before it,
+it would leave less than `rung_headroom` of the room free: it would only last
+a few turns. That point is a prefix of the history, the same for every later
+request, so the choice never flips back. The trade-off is deliberate: skipping
+compresses harder a little earlier (after the last rung, it drops turns) in
+exchange for one full cache miss less; measured on a growing 60-turn agent
+conversation at a tenth of its final size, 0.940 of each prompt stayed a
+cached prefix of the next before, 0.956 after (bench/quality.py).
 
 Stage 5 moves its cut only on a coarse grid: where the cumulative size of the
 (already compressed) history crosses a multiple of a quantum, a fraction of
 the budget. While the cut stays put, requests append; when it moves, it
 frees a whole quantum, which is the hysteresis that lets the next turns
-append again. The gateway sees each request fresh: no state is needed.
+append again. The head stays at the last rung climbed, so entering the drop
+phase keeps the head cached (it is the very prefix the requests before sent).
+
+Decisions only move forward. The request that opened each earlier turn is
+known (its history and user message are part of this one); a request never
+takes a weaker rung, nor moves the cut back, than such a request needed, so a
+big latest turn (an image, a pasted file) that forced more compression is not
+undone by the next, smaller one, which would break the prefix twice. The
+gateway sees each request fresh: no state is needed.
+
+Aggressive mode fits to a share of the budget but climbs the same rungs and
+cuts on the same grid (both depend on the budget, not on the target), only
+further: it never keeps more than auto for the same budget.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -41,8 +68,11 @@ from typing import Any
 
 from gateway.compress.options import CompressionOptions
 from gateway.compress.transforms import (
+    MEDIA_KINDS,
     drop_reasoning,
     map_tool_results,
+    omit_media,
+    omit_tool_result_media,
     placeholder,
     text_chars,
     tool_names,
@@ -57,10 +87,8 @@ Message = Mapping[str, Any]
 Form = tuple[Message, ...]
 Transform = Callable[[Message, float], Message]  # (message, its chars per token) -> message
 
-# Content parts that cost tokens without being text.
-MEDIA = frozenset({"image_url", "image", "input_audio", "file"})
-# A trim rung is computed only if its estimate is within this factor of the target
-# (the estimate only filters; what is kept is always counted exactly).
+# A trim rung is computed only if its estimate is within this factor of the budget
+# (the estimate only filters and places rungs; what is kept is always counted exactly).
 TRIM_ESTIMATE_SLACK = 1.0
 ALL_STAGES = ("reasoning", "tool_results", "truncate", "drop_turns", "protected")
 
@@ -128,20 +156,26 @@ def fit(
     Pure and deterministic; the input is never mutated (changed messages are
     new dicts, unchanged ones are the very same objects). A prompt that
     already fits is returned as is, which also makes fit idempotent.
+
+    `aggressive=True` fits to `options.aggressive_ratio` of the budget when it
+    can, else to the budget; it never keeps more tokens than the plain fit.
     """
     counter = counter_for(model)
     sizes = [counter.message(message) for message in messages]
     fixed = counter.messages([]) + counter.tools(tools)
     before = fixed + sum(sizes)
+    unchanged = FitResult(list(messages), before, before, budget_tokens, (), 0)
     target = int(budget_tokens * options.aggressive_ratio) if aggressive else budget_tokens
     if before <= target:
-        return FitResult(list(messages), before, before, budget_tokens, (), 0)
-    try:
-        return _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens).run()
-    except ContextBudgetExceeded:
-        if target == budget_tokens:
-            raise
-    # The headroom is a wish, not a requirement: fit the plain budget instead.
+        return unchanged
+    if aggressive:
+        try:
+            return _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens).run()
+        except ContextBudgetExceeded:
+            pass
+        # The headroom is a wish, not a requirement: fit the plain budget instead.
+        if before <= budget_tokens:
+            return unchanged
     return _Fitter(messages, sizes, fixed, counter, options, budget_tokens, budget_tokens).run()
 
 
@@ -182,16 +216,23 @@ class _Fitter:
         self.units = group_units(messages)
         self.old = [unit for unit in self.units if not unit.protected]
         self.base = fixed + sum(sum(sizes[u.start : u.end]) for u in self.units if u.protected)
+        # The part of the base that stays the same as the conversation grows: all but the latest turn.
+        latest = max((k + 1 for k, u in enumerate(self.units) if not u.protected), default=0)
+        stable = [u for u in self.units[:latest] if u.protected]
+        self.stable_base = fixed + sum(sum(sizes[u.start : u.end]) for u in stable)
         self.names = tool_names(list(messages))
         self.forms: dict[tuple[int, int], tuple[Form, int]] = {}
         self.densities: dict[int, float] = {}
         self.levels = self._ladder()
+        self.prefixes: dict[int, list[int]] = {}
+        self.trim_caps = dict(enumerate(options.tool_result_caps, start=2))  # level -> cap
 
     def _ladder(self) -> list[_Level]:
-        """Levels 1..: reasoning, each trim cap, placeholder, each truncate cap (0: original).
+        """Levels 1..: reasoning, each trim cap, placeholder, each truncate cap, media (0: original).
 
         Trims and the placeholder all start from the reasoning-free form, so a
-        placeholder states the original size; truncations add to placeholders.
+        placeholder states the original size; truncations add to placeholders,
+        and the last level omits old media on top of the last truncation.
         """
         names = self.names
         levels = [
@@ -204,6 +245,7 @@ class _Fitter:
         placeholders = len(levels) - 1
         for cap in self.options.truncate_caps:
             levels.append(_Level("truncate", placeholders, partial(_truncate, cap)))
+        levels.append(_Level("truncate", len(levels) - 1, lambda m, _: omit_media(m)))
         return levels
 
     # -- forms of old units at each level ---------------------------------
@@ -215,7 +257,9 @@ class _Fitter:
             tokens = self.sizes[index]
             content = message.get("content")
             if isinstance(content, list):
-                media = [part for part in content if isinstance(part, Mapping) and part.get("type") in MEDIA]
+                media = [
+                    part for part in content if isinstance(part, Mapping) and part.get("type") in MEDIA_KINDS
+                ]
                 if media:
                     tokens -= self.counter.message({"role": message.get("role"), "content": media})
             self.densities[index] = max(0.5, text_chars(message) / max(1, tokens))
@@ -260,65 +304,190 @@ class _Fitter:
     # -- search -----------------------------------------------------------
 
     def _full(self, level: int) -> int:
-        return self.base + sum(self.form(k, level)[1] for k in range(len(self.old)))
+        if level in self.trim_caps:  # the real trim, not its estimate
+            return self.base + sum(self.form(k, level)[1] for k in range(len(self.old)))
+        return self._prefix(level)[-1]
 
     def run(self) -> FitResult:
-        """The first level that fits applied to the whole history; else drop turns.
+        """The first rung climbed that fits, applied to the whole history; else drop turns.
 
-        A placeholder is cheaper to compute than a trim and never larger, so
-        trims are only computed when placeholders would fit.
+        Never a weaker rung than the request that opened an earlier turn
+        needed: on a growing conversation decisions only move forward, even
+        when the latest turn shrinks (a big user message is followed by a
+        small one).
         """
-        caps = self.options.tool_result_caps
-        placeholder_level = 2 + len(caps)
-        candidates = [1]
-        if self._full(placeholder_level) <= self.target:
-            candidates += [
-                level
-                for level, cap in enumerate(caps, start=2)
-                if self._trim_estimate(cap) <= self.target * TRIM_ESTIMATE_SLACK
+        openings = self._openings(0)
+        rungs = self._rungs(openings)
+        required = 0
+        for t, base in openings:
+            needed = [
+                i
+                for i, level in enumerate([0, *rungs])
+                if base + self._prefix(level)[t] - self.base <= self.target
             ]
-            candidates.append(placeholder_level)
-        candidates += range(placeholder_level + 1, len(self.levels))
-        for level in candidates:
-            if self._full(level) <= self.target:
+            if not needed:  # that request had to drop turns: so does this one
+                return self._drop(rungs[-1] if rungs else 0)
+            required = max(required, needed[0] - 1)
+        for level in rungs[required:]:
+            if self._fits(level):
                 return self._result([level] * len(self.old), head=0, cut=0, protected={})
-        return self._drop()
+        return self._drop(rungs[-1] if rungs else 0)
 
-    def _trim_estimate(self, cap: int) -> int:
-        """About what trimming every old tool result to `cap` would total, without trimming.
+    def _openings(self, after: int) -> list[tuple[int, int]]:
+        """The requests that opened the turns after old unit `after`: (end of their history, their base).
+
+        The request that opened turn t (a user message at old unit t) had the
+        units before t as its history and that message as its latest turn.
+        Requests made later in a turn (after tool calls) are not known: how
+        much of the turn they held, and so what they needed, depends on when
+        the client sent them.
+        """
+        return [
+            (t, self.stable_base + sum(self.sizes[unit.start : unit.end]))
+            for t, unit in enumerate(self.old)
+            if unit.turn_start and t > after
+        ]
+
+    def _fits(self, level: int) -> bool:
+        return self._worth_computing(level) and self._full(level) <= self.target
+
+    def _rungs(self, openings: list[tuple[int, int]]) -> list[int]:
+        """The levels this conversation climbs, in ladder order: those with headroom when needed.
+
+        Level L is needed where the history first overflows the rung before it
+        (the last one climbed). At that prefix of the history, L must leave at
+        least `rung_headroom` of the room free, or it is skipped for the next
+        level (or the drop phase after the last): it would only last a few
+        turns, and each rung change breaks the prompt prefix from the first
+        message it changes. That prefix is a fixed point of a growing
+        conversation, and the latest turn (whose size varies from request to
+        request) is left out of the decision, so every later request climbs the
+        same rungs. A rung that fits the current request is still taken only
+        if it was climbed: skipping only ever happens while a change is due.
+        Decisions depend on the budget, never on the aggressive target, so
+        both modes climb the same rungs and aggressive only climbs further.
+        """
+        room = self.budget - self.stable_base  # for the history, the latest turn left out
+        n = len(self.old)
+        rungs: list[int] = []
+        previous, last = self._prefix(0), 0
+        for level in range(1, len(self.levels)):
+            if self._fits(last) and all(
+                base + previous[t] - self.base <= self.target for t, base in openings
+            ):
+                break  # the last rung climbed fits this request and the earlier ones
+            sums = self._prefix(level)  # prefixes include the whole base: compare histories only
+            entry = min(n, bisect_right(previous, self.base + room))
+            if sums[entry] - self.base <= (1.0 - self.options.rung_headroom) * room and sums[n] < previous[n]:
+                rungs.append(level)
+                previous, last = sums, level
+        return rungs
+
+    def _worth_computing(self, level: int) -> bool:
+        """A trim is computed only when its estimate fits and placeholders would fit the budget.
+
+        A placeholder is cheaper to compute than a trim and never larger.
+        """
+        if level not in self.trim_caps:
+            return True
+        placeholders = 2 + len(self.options.tool_result_caps)
+        estimate = self._prefix(level)[-1]
+        return estimate <= self.budget * TRIM_ESTIMATE_SLACK and self._full(placeholders) <= self.budget
+
+    def _prefix(self, level: int) -> list[int]:
+        """Cumulative size of the old units at a level (trims: their estimate, never computed here)."""
+        if level in self.prefixes:
+            return self.prefixes[level]
+        if level in self.trim_caps:
+            self.prefixes[level] = self._trim_prefix(self.trim_caps[level])
+        else:
+            sums = [self.base]
+            for k in range(len(self.old)):
+                sums.append(sums[-1] + self.form(k, level)[1])
+            self.prefixes[level] = sums
+        return self.prefixes[level]
+
+    def _trim_prefix(self, cap: int) -> list[int]:
+        """About what trimming every old tool result to `cap` would total, unit by unit, without trimming.
 
         A trim costs a pass over every result and a count of everything kept;
         a cap that clearly cannot fit is not worth either.
         """
-        saved = 0.0
+        sums = [self.base]
         for k, unit in enumerate(self.old):
-            for message, i in zip(self.form(k, 1)[0], range(unit.start, unit.end), strict=True):
+            form, tokens = self.form(k, 1)
+            saved = 0.0
+            for message, i in zip(form, range(unit.start, unit.end), strict=True):
                 cpt = self._chars_per_token(i)
                 saved += sum(max(0.0, len(text) / cpt - cap) for text in tool_result_texts(message))
-        return self._full(1) - int(saved)
+            sums.append(sums[-1] + tokens - int(saved))
+        return sums
 
-    def _drop(self) -> FitResult:
-        """Remove whole turns after a kept head, oldest first, at grid cuts on turn starts."""
+    def _drop(self, head_level: int) -> FitResult:
+        """Remove whole turns after a kept head, oldest first, at grid cuts on turn starts.
+
+        The head stays at `head_level`, the last rung climbed, so the head is
+        the very prefix the requests before the drop phase sent; the turns
+        after it go to the top level. Old media never sit in the head (it is
+        there to keep the task's text): a head holding some is taken at the
+        top level. The head's room and the grid's quantum are fractions of the
+        budget, not of the target, so the aggressive mode cuts on the same
+        grid as auto, only further.
+        """
         n = len(self.old)
         top = len(self.levels) - 1
-        levels = [top] * n
-        weights = [self.form(k, top)[1] for k in range(n)]
-        head = 0
-        room = int(self.target * self.options.keep_head_ratio)
-        while head < n and weights[head] <= room:
-            room -= weights[head]
-            head += 1
-        quantum = max(1, int(self.target * self.options.cut_quantum))
+        head = self._head(head_level)
+        if any(omit_media(m) is not m for k in range(head) for m in self.form(k, head_level)[0]):
+            head_level = top
+            head = self._head(head_level)
+        levels = [head_level] * head + [top] * (n - head)
+        weights = [self.form(k, level)[1] for k, level in enumerate(levels)]
+        quantum = max(1, int(self.budget * self.options.cut_quantum))
         kept = self.base + sum(weights)
         position = head
-        for cut in self._turn_cuts(_grid(weights, quantum, head)):
+        cuts = self._turn_cuts(_grid(weights, quantum, head))
+        for cut in cuts:
             kept -= sum(weights[position:cut])
             position = cut
             if kept + self._marker_tokens(head, cut) <= self.target:
+                later = self._past_cut(cuts, head, weights, cut)
+                if kept - sum(weights[cut:later]) + self._marker_tokens(head, later) <= self.target:
+                    cut = later  # (a marker one digit longer never outweighs the turns it replaces)
                 return self._result(levels, head=head, cut=cut, protected={})
-        if head and self.base + self._marker_tokens(0, n) <= self.target:
-            return self._result(levels, head=0, cut=n, protected={})
+        # Not even the head fits with the latest turn: keep less of it, then none.
+        for shorter in range(head - 1, -1, -1):
+            kept -= weights[shorter]
+            if kept + self._marker_tokens(shorter, n) <= self.target:
+                return self._result(levels, head=shorter, cut=n, protected={})
         return self._protected(levels)
+
+    def _past_cut(self, cuts: list[int], head: int, weights: list[int], cut: int) -> int:
+        """The cut, moved forward to where an earlier request of the conversation had to cut.
+
+        Only requests whose history ran past the cut matter: the others had
+        nothing more to drop. Without this, a big latest turn (an image, a
+        pasted file) moves the cut forward and the next request moves it back,
+        breaking the prefix twice.
+        """
+        sums = [0]
+        for weight in weights:
+            sums.append(sums[-1] + weight)
+        for t, base in self._openings(cut):
+            for c in [cut, *cuts[bisect_right(cuts, cut) :]]:
+                c = min(c, t)
+                if base + sums[head] + sums[t] - sums[c] + self._marker_tokens(head, c) <= self.target:
+                    break
+            cut = c
+        return cut
+
+    def _head(self, level: int) -> int:
+        """How many old units, from the first, fit the head's room at `level`."""
+        head = 0
+        room = int(self.budget * self.options.keep_head_ratio)
+        while head < len(self.old) and self.form(head, level)[1] <= room:
+            room -= self.form(head, level)[1]
+            head += 1
+        return head
 
     def _turn_cuts(self, cuts: list[int]) -> list[int]:
         """Move each cut forward to a turn start, so whole turns go and history resumes with the user."""
@@ -415,4 +584,5 @@ def _truncate(cap: int, message: Message, cpt: float) -> Message:
 
 
 def _placeholder(names: Mapping[str, str], message: Message, cpt: float) -> Message:
+    message = omit_tool_result_media(message)
     return map_tool_results(message, names, lambda text, name: placeholder(text, name, cpt))

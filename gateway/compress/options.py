@@ -9,28 +9,50 @@ from dataclasses import dataclass
 class CompressionOptions:
     """Thresholds of `fit`. All sizes are tokens of the model's tokenizer.
 
+    Every field is a config key: `compression.<field>` in
+    config/gateway.example.yaml, `GATEWAY_COMPRESSION_<FIELD>` in the
+    environment (lists comma-separated).
+
     tool_result_caps: stage 2 trims older tool results longer than a cap to
         about that size (head, tail and informative lines in between), trying
         each cap in turn, largest first, before stage 3 replaces them by a
-        one-line placeholder.
+        one-line placeholder (images in tool results go with them).
     truncate_caps: stage 4 middle-truncates older non-tool messages longer
         than a cap to about that size (head, tail and the sentences carrying
-        numbers or names), each cap in turn, largest first.
+        numbers or names), each cap in turn, largest first; its last rung then
+        replaces old images, audio and files by a one-line placeholder.
+    rung_headroom: a rung of stages 1-4 is climbed only if, where the history
+        first overflowed the rung before it, it leaves at least this share of
+        the room for the history free; otherwise it is skipped for the next
+        one (after the last one: the drop phase). The trade-off: such a rung
+        would last only a few turns, and every rung change re-cuts the
+        history from the first message it changes, so the prompt cache misses
+        almost entirely; skipping it saves that miss at the price of
+        compressing harder a little earlier. 0 climbs every rung. The
+        decision is taken where the rung first became needed, a fixed point
+        of a growing conversation, so later requests never switch back; a
+        prompt that fits is always returned untouched.
     keep_head_ratio: stage 5 keeps the opening of the history (task
-        statement, first facts) up to this fraction of the target, and
-        removes turns after it, oldest first.
-    cut_quantum: stage 5 removes turns in steps of at least this fraction of
-        the target. Coarse steps keep prompts cache-stable: the cut only moves
+        statement, first facts) up to this share of the budget, and removes
+        turns after it, oldest first. Everything up to the cut stays cached
+        when the cut moves: a bigger head keeps more of the prompt cached and
+        leaves less room for recent turns.
+    cut_quantum: stage 5 removes turns in steps of at least this share of
+        the budget. Coarse steps keep prompts cache-stable: the cut only moves
         once a whole step of history has accumulated, and then frees a whole
-        step, so the next turns append again.
+        step, so the next turns append again; the price is up to a step of
+        the budget left unused. Head and steps are shares of the budget, not
+        of the aggressive target, so both modes cut on the same grid.
     aggressive_ratio: with `aggressive=True` the prompt is fitted to this
-        fraction of the budget when possible, leaving headroom.
+        share of the budget when possible, leaving headroom; it never keeps
+        more than the plain fit of the same budget.
     protected_floor_tokens: stage 6 never trims a protected message (system
         prompt, latest turn) below about this size; below that, fit refuses.
     """
 
     tool_result_caps: tuple[int, ...] = (2048, 256)
     truncate_caps: tuple[int, ...] = (256,)
+    rung_headroom: float = 0.2
     keep_head_ratio: float = 0.3
     cut_quantum: float = 0.25
     aggressive_ratio: float = 0.7
@@ -40,8 +62,9 @@ class CompressionOptions:
         for name in ("cut_quantum", "aggressive_ratio"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
-        if not 0.0 <= self.keep_head_ratio < 1.0:
-            raise ValueError("keep_head_ratio must be in [0, 1)")
+        for name in ("keep_head_ratio", "rung_headroom"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1)")
         for name in ("tool_result_caps", "truncate_caps"):
             caps = getattr(self, name)
             if not caps or list(caps) != sorted(set(caps), reverse=True):

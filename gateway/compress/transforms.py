@@ -20,6 +20,15 @@ TextFn = Callable[[str, str], str]  # (text, tool name) -> new text
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details", "thinking_blocks")
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
 REASONING_OMITTED = "[reasoning omitted by context-gateway]"
+# Content parts that cost tokens without being text (OpenAI and Anthropic-style), by what they are.
+MEDIA_KINDS = {
+    "image_url": "image",
+    "image": "image",
+    "input_audio": "audio",
+    "file": "file",
+    "document": "document",
+}
+MEDIA_NAME_CHARS = 80  # a file name or document title longer than this is left out of the placeholder
 
 
 def text_chars(message: Message) -> int:
@@ -60,6 +69,61 @@ def drop_reasoning(message: Message) -> Message:
             # An empty assistant message is rejected by strict APIs; leave a trace instead.
             new["content"] = kept or [{"type": "text", "text": REASONING_OMITTED}]
     return message if new == message else new
+
+
+def media_placeholder(part: Mapping[str, Any]) -> dict[str, Any]:
+    """A text part standing for an image, audio, file or document part (its name kept when short)."""
+    kind = MEDIA_KINDS[str(part.get("type"))]
+    file = part.get("file")
+    name = file.get("filename") if isinstance(file, Mapping) else part.get("title")
+    label = f"{kind} {name}" if isinstance(name, str) and 0 < len(name) <= MEDIA_NAME_CHARS else kind
+    new: dict[str, Any] = {"type": "text", "text": f"[{label} omitted by context-gateway]"}
+    if "cache_control" in part:  # keep the client's prompt-cache breakpoint where it was
+        new["cache_control"] = part["cache_control"]
+    return new
+
+
+def _omit_media_parts(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    out = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") in MEDIA_KINDS:
+            part = media_placeholder(part)
+        elif isinstance(part, Mapping) and part.get("type") == "tool_result":
+            inner = _omit_media_parts(part.get("content"))
+            if inner is not part.get("content"):
+                part = {**part, "content": inner}
+        out.append(part)
+    return out if any(a is not b for a, b in zip(out, content, strict=True)) else content
+
+
+def omit_media(message: Message) -> Message:
+    """Replace image, audio, file and document parts (also inside tool results) by a one-line text part.
+
+    Such a part is kept whole or not at all, and costs up to thousands of
+    tokens; the text around it is what the conversation refers to later.
+    """
+    content = _omit_media_parts(message.get("content"))
+    return message if content is message.get("content") else {**message, "content": content}
+
+
+def omit_tool_result_media(message: Message) -> Message:
+    """omit_media, but only inside tool results (a `role: tool` message, `tool_result` blocks)."""
+    if message.get("role") == "tool":
+        return omit_media(message)
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    out = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "tool_result":
+            inner = _omit_media_parts(part.get("content"))
+            if inner is not part.get("content"):
+                part = {**part, "content": inner}
+        out.append(part)
+    changed = any(a is not b for a, b in zip(out, content, strict=True))
+    return {**message, "content": out} if changed else message
 
 
 def _map_text(content: Any, fn: Callable[[str], str]) -> Any:

@@ -12,7 +12,9 @@ from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
 
 WINDOW = 6_000
-MODELS = json.dumps({"agent-model": {"context_window": WINDOW}})
+# An OpenAI model is counted exactly, so calibration from one answer cannot shift the next count.
+MODEL = "gpt-4o-mini"
+MODELS = json.dumps({MODEL: {"context_window": WINDOW}})
 SYSTEM_RULE = "Always answer in French."
 LATEST = "Now fix the failing test in parser.py."
 
@@ -50,7 +52,7 @@ def _agent_conversation(rounds: int) -> list[dict[str, object]]:
 def _post(url: str, messages: list[dict[str, object]], **headers: str) -> httpx.Response:
     return httpx.post(
         f"{url}/chat/completions",
-        json={"model": "agent-model", "messages": messages, "max_tokens": 500},
+        json={"model": MODEL, "messages": messages, "max_tokens": 500},
         headers=headers,
         timeout=30,
     )
@@ -117,7 +119,7 @@ def test_sdk_streaming_agent_through_compression(
     url = start_gateway(GATEWAY_MODELS=MODELS)
     client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="agent-model",
+        model=MODEL,
         messages=_agent_conversation(12),  # type: ignore[arg-type]
         max_tokens=500,
         stream=True,

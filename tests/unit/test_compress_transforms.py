@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -9,6 +10,8 @@ from gateway.compress.condense import collapse_repeats, condense, condense_json
 from gateway.compress.transforms import (
     drop_reasoning,
     map_tool_results,
+    omit_media,
+    omit_tool_result_media,
     placeholder,
     tool_names,
     trim_tool_text,
@@ -126,3 +129,63 @@ def test_truncate_message_shrinks_long_tool_call_arguments_as_json() -> None:
     out = truncate_message(message, 1_000, 3.0)
     shrunk = json.loads(out["tool_calls"][0]["function"]["arguments"])
     assert shrunk["path"] == "a.py" and len(shrunk["content"]) < 1_000
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+def test_omit_media_replaces_every_media_part_by_one_text_line() -> None:
+    message: dict[str, Any] = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Here is the screenshot and the report."},
+            IMAGE,
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            {
+                "type": "file",
+                "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64,AA"},
+            },
+            {
+                "type": "image",
+                "source": {"type": "base64", "data": "AAAA"},
+                "cache_control": {"type": "ephemeral"},
+            },
+            {"type": "document", "source": {"type": "text", "data": "..."}, "title": "Q3 notes"},
+        ],
+        "x_tag": 1,
+    }
+    original = copy.deepcopy(message)
+    out = omit_media(message)
+    assert message == original, "input mutated"
+    assert out["x_tag"] == 1 and out["content"][0] is message["content"][0]
+    assert [part["type"] for part in out["content"]] == ["text"] * 6
+    assert [part["text"] for part in out["content"][1:]] == [
+        "[image omitted by context-gateway]",
+        "[audio omitted by context-gateway]",
+        "[file report.pdf omitted by context-gateway]",
+        "[image omitted by context-gateway]",
+        "[document Q3 notes omitted by context-gateway]",
+    ]
+    assert out["content"][4]["cache_control"] == {"type": "ephemeral"}  # the client's cache breakpoint stays
+    text_only = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert omit_media(text_only) is text_only
+    plain = {"role": "assistant", "content": "no parts"}
+    assert omit_media(plain) is plain
+
+
+def test_media_inside_tool_results_go_with_tool_results_only() -> None:
+    carrier: dict[str, Any] = {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "shot"}, IMAGE]},
+            IMAGE,  # the user's own image: not a tool result
+        ],
+    }
+    out = omit_tool_result_media(carrier)
+    assert out["content"][0]["content"][1] == {"type": "text", "text": "[image omitted by context-gateway]"}
+    assert out["content"][1] is IMAGE
+    assert omit_media(carrier)["content"][1]["type"] == "text"
+    tool = {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "ok"}, IMAGE]}
+    assert omit_tool_result_media(tool)["content"][1]["type"] == "text"
+    text_tool = {"role": "tool", "tool_call_id": "a", "content": "ok"}
+    assert omit_tool_result_media(text_tool) is text_tool

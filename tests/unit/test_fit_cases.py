@@ -202,3 +202,91 @@ def test_options_are_validated() -> None:
         CompressionOptions(truncate_caps=(1,))
     with pytest.raises(ValueError):
         CompressionOptions(tool_result_caps=(512, 2048))
+    with pytest.raises(ValueError, match="rung_headroom"):
+        CompressionOptions(rung_headroom=1.0)
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}  # costs ~1.4k tokens
+
+
+def image_turn(turn: int, words: int = 100) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": [{"type": "text", "text": f"Turn {turn}: " + prose(words)}, IMAGE]},
+        {"role": "assistant", "content": f"Seen {turn}. " + prose(200)},
+    ]
+
+
+def test_old_media_go_before_any_turn_and_the_latest_turn_keeps_its_own() -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Describe screenshots."}]
+    for turn in range(6):
+        messages += image_turn(turn)
+    messages.append({"role": "user", "content": [{"type": "text", "text": "And this one?"}, IMAGE]})
+    result = fit(messages, model=MODEL, budget_tokens=6_000)
+    assert result.stages == ("truncate",) and result.messages_dropped == 0
+    assert validate_chat_messages(result.messages) is None
+    old_parts = [
+        part for m in result.messages[1:-1] if isinstance(m["content"], list) for part in m["content"]
+    ]
+    assert IMAGE not in old_parts
+    assert {"type": "text", "text": "[image omitted by context-gateway]"} in old_parts
+    assert all(any(str(p.get("text", "")).startswith(f"Turn {t}:") for p in old_parts) for t in range(6))
+    assert result.messages[-1] is messages[-1]  # the latest turn's image is untouched
+
+
+def test_the_kept_head_holds_the_first_turns_text_not_its_image() -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    messages += image_turn(0)
+    messages[1]["content"][0]["text"] += " My account reference is ACCT-44719."
+    for turn in range(1, 30):
+        messages += [
+            {"role": "user", "content": f"q{turn} " + prose(100)},
+            {"role": "assistant", "content": prose(100)},
+        ]
+    messages.append({"role": "user", "content": "last"})
+    result = fit(messages, model=MODEL, budget_tokens=3_000)  # head room ~900 tokens: less than the image
+    assert "drop_turns" in result.stages
+    assert "ACCT-44719" in str(result.messages[1]["content"])
+    assert validate_chat_messages(result.messages) is None
+
+
+def test_a_rung_that_would_barely_fit_is_skipped_for_the_next() -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(16):
+        messages += agent_turn(turn, result_lines=300)[:-1]
+        reply = prose(260 if turn == 1 else 40)  # truncation shortens one reply: ~11% of the history
+        messages.append({"role": "assistant", "content": f"Module {turn} looks fine. " + reply})
+    messages.append({"role": "user", "content": "Summarise."})
+    eager_options = CompressionOptions(rung_headroom=0)
+    truncated = fit(messages, model=MODEL, budget_tokens=2_600, options=eager_options)
+    assert truncated.stages == ("tool_results", "truncate")
+    budget = int(truncated.tokens_after / 0.9)  # truncation would leave only ~10% free
+    eager = fit(messages, model=MODEL, budget_tokens=budget, options=eager_options)
+    assert eager.stages == ("tool_results", "truncate") and eager.messages_dropped == 0
+    skipped = fit(messages, model=MODEL, budget_tokens=budget)
+    assert "drop_turns" in skipped.stages and "truncate" not in skipped.stages
+    assert skipped.tokens_after <= budget and validate_chat_messages(skipped.messages) is None
+    # The head is the prefix the requests before the drop phase sent: placeholders, no truncation.
+    earlier = fit([*messages[:41], {"role": "user", "content": "next"}], model=MODEL, budget_tokens=budget)
+    assert earlier.stages == ("tool_results",) and skipped.messages[:5] == earlier.messages[:5]
+
+
+def test_growing_conversation_with_images_never_moves_the_cut_back() -> None:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Describe screenshots."}]
+    results = []
+    for turn in range(30):
+        user: dict[str, Any] = {"role": "user", "content": f"q{turn} " + prose(60)}
+        if turn % 3 == 0:  # the latest turn is much bigger every third request
+            user = {"role": "user", "content": [{"type": "text", "text": user["content"]}, IMAGE]}
+        results.append(fit([*history, user], model=MODEL, budget_tokens=4_000))
+        history += [user, {"role": "assistant", "content": prose(150)}]
+    dropped = [result.messages_dropped for result in results]
+    assert dropped == sorted(dropped) and dropped[-1] > 0
+    shares = []
+    for before, after in itertools.pairwise(r.messages for r in results):
+        same = 0
+        for a, b in zip(before, after, strict=False):
+            if a != b:
+                break
+            same += 1
+        shares.append(COUNTER.messages(before[:same]) / COUNTER.messages(before))
+    assert sum(shares) / len(shares) >= 0.65  # 0.61 when the cut follows the latest turn back
