@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -297,28 +298,42 @@ async def iter_body(
 ) -> AsyncGenerator[bytes, None]:
     """Yield the body as it arrives.
 
-    A silence longer than ``idle_timeout``, or reaching ``deadline`` (event-loop time), raises
-    TimeoutError. The connection is closed (not returned to the pool) unless the body was read
-    to its end, so a client that goes away stops the upstream generation at once.
+    An upstream silent for longer than ``idle_timeout``, or still sending at ``deadline``
+    (event-loop time), makes the read raise TimeoutError. One watchdog timer per body
+    checks the upstream's byte count, instead of a timeout armed around every chunk: it
+    measures the upstream's silence (not the client's pace) and costs nothing per chunk.
+    The connection is closed (not returned to the pool) unless the body was read to its
+    end, so a client that goes away stops the upstream generation at once.
     """
     loop = asyncio.get_running_loop()
     content = response.content
+    seen_bytes = content.total_bytes
+    last_progress = loop.time()
+    end_by = math.inf if deadline is None else deadline
+    timer: asyncio.TimerHandle
+
+    def watch() -> None:
+        nonlocal seen_bytes, last_progress, timer
+        now = loop.time()
+        if content.total_bytes != seen_bytes:
+            seen_bytes, last_progress = content.total_bytes, now
+        due = min(last_progress + idle_timeout, end_by)
+        if now >= due:
+            content.set_exception(TimeoutError())
+        else:
+            timer = loop.call_at(due, watch)
+
+    timer = loop.call_at(min(last_progress + idle_timeout, end_by), watch)
     complete = False
     try:
         while True:
-            # What is already buffered needs no timer (under load most chunks are).
-            chunk = content.read_nowait()
-            if not chunk and not content.at_eof():
-                wake_at = loop.time() + idle_timeout
-                async with asyncio.timeout_at(wake_at if deadline is None else min(wake_at, deadline)):
-                    chunk = await content.readany()
-            elif deadline is not None and loop.time() > deadline:
-                raise TimeoutError
+            chunk = await content.readany()
             if not chunk:
                 complete = True
                 return
             yield chunk
     finally:
+        timer.cancel()
         if complete:
             response.release()
         else:
