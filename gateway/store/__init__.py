@@ -1,4 +1,4 @@
-"""Shared state (learned windows, calibration, budgets): memory or Redis behind one interface."""
+"""Shared state (learned windows, calibration): memory or Redis behind one interface."""
 
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore

@@ -20,14 +20,6 @@ class RedisStore:
     async def set(self, key: str, value: str, ttl_seconds: int | None = None) -> None:
         await self._client.set(KEY_PREFIX + key, value, ex=ttl_seconds or None)
 
-    async def incr_by(self, key: str, amount: int, ttl_seconds: int | None = None) -> int:
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.incrby(KEY_PREFIX + key, amount)
-            if ttl_seconds:
-                pipe.expire(KEY_PREFIX + key, ttl_seconds, nx=True)
-            results = await pipe.execute()
-        return int(results[0])
-
     async def ping(self) -> bool:
         return bool(await self._client.ping())
 

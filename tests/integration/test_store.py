@@ -46,15 +46,6 @@ async def test_ttl_expires(store: Store) -> None:
     assert await store.get(key) is None
 
 
-async def test_incr_by_accumulates_and_keeps_first_ttl(store: Store) -> None:
-    key = _key()
-    assert await store.incr_by(key, 5, ttl_seconds=1) == 5
-    assert await store.incr_by(key, 7, ttl_seconds=60) == 12
-    await asyncio.sleep(1.2)
-    # The window started by the first increment ended; a later one does not extend it.
-    assert await store.incr_by(key, 1) == 1
-
-
 async def test_ping(store: Store) -> None:
     assert await store.ping() is True
 
