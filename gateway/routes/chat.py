@@ -57,7 +57,6 @@ async def chat_completions(request: Request) -> Response:
     )
 
     attempt = await _send(runtime, chat, plan, upstream_headers)
-    await plan.settle()
     retried = False
     first_overflow = attempt.overflow
     retry_budget = None
@@ -116,6 +115,8 @@ async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, headers: list[t
     """One upstream request (with transport retries); notes an overflow answer instead of relaying it."""
     upstream = runtime.upstream
     reply = await upstream.send("POST", upstream.url_for("/v1/chat/completions", ""), headers, plan.body)
+    # A count left running alongside the upstream is needed from here on (headers, retry budget).
+    await plan.settle()
     if reply.attempts > 1:
         metrics.UPSTREAM_RETRIES.inc(reply.attempts - 1)
     attempt = Attempt(plan, reply)
