@@ -95,23 +95,14 @@ def _read_request(path: str) -> dict[str, Any]:
 
 def _compress(args: argparse.Namespace) -> int:
     from gateway.compress import ContextBudgetExceeded, fit
+    from gateway.settings import BudgetSettings
     from gateway.tokens.counter import counter_for
-    from gateway.tokens.windows import usable_budget
 
     body = _read_request(args.file)
     counter = counter_for(args.model)
     tokens = counter.request(body)
     fixed = tokens - counter.messages(body["messages"])
-    if args.window is not None:
-        defaults = load_settings(None, {}).budget
-        budget = usable_budget(
-            args.window,
-            body,
-            default_output_reserve=defaults.default_output_reserve,
-            safety_margin=defaults.safety_margin,
-        )
-    else:
-        budget = args.budget
+    budget = args.budget if args.window is None else BudgetSettings().usable(args.window, body)
     try:
         result = fit(
             body["messages"], model=args.model, budget_tokens=budget - fixed, aggressive=args.aggressive
@@ -132,7 +123,7 @@ def _compress(args: argparse.Namespace) -> int:
 
 def _count(args: argparse.Namespace) -> int:
     from gateway.tokens.counter import counter_for
-    from gateway.tokens.windows import WindowResolver, usable_budget
+    from gateway.tokens.windows import WindowResolver
 
     settings = load_settings(args.config)
     body = _read_request(args.file)
@@ -148,12 +139,7 @@ def _count(args: argparse.Namespace) -> int:
     if window.tokens is None:
         print("context window: unknown (the gateway forwards as is and learns it from an overflow error)")
         return 0
-    budget = usable_budget(
-        window.tokens,
-        body,
-        default_output_reserve=settings.budget.default_output_reserve,
-        safety_margin=settings.budget.safety_margin,
-    )
+    budget = settings.budget.usable(window.tokens, body)
     print(f"context window: {window.tokens} (from {window.source})")
     print(f"usable budget: {budget} -> {'fits' if tokens <= budget else 'over budget: would be compressed'}")
     return 0

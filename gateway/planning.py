@@ -14,7 +14,6 @@ from gateway.compress import ContextBudgetExceeded, fit
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
-from gateway.tokens.windows import usable_budget
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -57,13 +56,7 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
         if window.tokens is not None:
-            cfg = runtime.settings.budget
-            budget = usable_budget(
-                window.tokens,
-                chat.payload,
-                default_output_reserve=cfg.default_output_reserve,
-                safety_margin=cfg.safety_margin,
-            )
+            budget = runtime.settings.budget.usable(window.tokens, chat.payload)
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
         return Plan(
             chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, chat.payload))
@@ -133,12 +126,7 @@ def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overf
         # The stated maximum covers the prompt alone: no room to reserve for the answer.
         budget = max(0, overflow.window - cfg.safety_margin)
     else:
-        budget = usable_budget(
-            overflow.window,
-            chat.payload,
-            default_output_reserve=cfg.default_output_reserve,
-            safety_margin=cfg.safety_margin,
-        )
+        budget = cfg.usable(overflow.window, chat.payload)
     if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
         budget = budget * sent.tokens_after // overflow.prompt_tokens
     return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

@@ -28,7 +28,6 @@ class Runtime:
     settings: Settings
     upstream: Upstream
     store: Store
-    learned_windows: LearnedWindows
     windows: WindowResolver
     calibration: Calibration
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
@@ -38,13 +37,11 @@ class Runtime:
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:
-        learned = LearnedWindows()
         return cls(
             settings=settings,
             upstream=Upstream(settings.upstream),
             store=open_store(settings.redis_url),
-            learned_windows=learned,
-            windows=WindowResolver(overrides=settings.window_overrides(), learned=learned),
+            windows=WindowResolver(overrides=settings.window_overrides(), learned=LearnedWindows()),
             calibration=CALIBRATION,
         )
 
@@ -63,7 +60,7 @@ class Runtime:
             return
         self._loaded.add(model)
         try:
-            await self.learned_windows.load(self.store, model)
+            await self.windows.learned.load(self.store, model)
             await self.calibration.load(self.store, model)
         except Exception as exc:  # a store outage must not fail requests
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
@@ -72,8 +69,8 @@ class Runtime:
         """Remember a window the upstream stated, so later requests fit ahead of time."""
         if overflow.window is None:
             return
-        self.learned_windows.learn(model, overflow.window)
-        self.in_background(self.learned_windows.save(self.store, model))
+        self.windows.learned.learn(model, overflow.window)
+        self.in_background(self.windows.learned.save(self.store, model))
 
     def observe_usage(self, model: str, estimated: int, reported: int | None) -> bool:
         """Learn from the upstream's own prompt count; True when it shows a silent truncation."""

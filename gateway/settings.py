@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gateway.compress.options import CompressionOptions
+from gateway.tokens.windows import usable_budget
 
 ENV_PREFIX = "GATEWAY_"
 CONFIG_ENV = "GATEWAY_CONFIG"
@@ -80,6 +81,12 @@ class BudgetSettings:
     default_output_reserve: int = 4096
     # Tokens kept free for counting error on top of the output reserve.
     safety_margin: int = 256
+
+    def usable(self, window: int, body: Mapping[str, Any]) -> int:
+        """Prompt tokens a request may use in ``window`` (see tokens.windows.usable_budget)."""
+        return usable_budget(
+            window, body, default_output_reserve=self.default_output_reserve, safety_margin=self.safety_margin
+        )
 
 
 @dataclass(frozen=True)
