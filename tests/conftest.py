@@ -24,7 +24,8 @@ GatewayFactory = Callable[..., str]
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    """A real Redis on 127.0.0.1:6379 (database 15): skipped without one, except under CI=true."""
+    """A real Redis on 127.0.0.1:6379 (database 15, or $TEST_REDIS_DB so that parallel runs keep
+    apart): skipped without one, except under CI=true."""
     try:
         with socket.create_connection((REDIS_HOST, REDIS_PORT), timeout=1):
             pass
@@ -33,7 +34,7 @@ def redis_url() -> str:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason}; CI must run the Redis tests")
         pytest.skip(reason)
-    return f"redis://{REDIS_HOST}:{REDIS_PORT}/15"
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/{int(os.environ.get('TEST_REDIS_DB', '15'))}"
 
 
 @pytest.fixture
