@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import gateway  # noqa: F401
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.fit import omitted_marker
+from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import counter_for
 from tests.fakes.validation import validate_chat_messages
 
@@ -174,3 +176,18 @@ def test_the_marker_is_made_from_the_dropped_span() -> None:
         "role": "user",
         "content": "[context-gateway: 6 earlier messages omitted to fit the context window]",
     }
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "1.5", "-0.2", "0.5\x00", "9" * 10_000, "[1]"])
+def test_the_recent_steps_option_refuses_hostile_values_naming_the_key(value: str) -> None:
+    with pytest.raises(ConfigError, match="recent_steps_ratio"):
+        load_settings(None, {"GATEWAY_COMPRESSION_RECENT_STEPS_RATIO": value})
+
+
+def test_the_recent_steps_option_is_read_from_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("compression:\n  recent_steps_ratio: 0.3\n")
+    assert load_settings(config, {}).compression.recent_steps_ratio == 0.3
+    config.write_text("compression:\n  recent_steps_ratio: {deep: [[[1]]]}\n")
+    with pytest.raises(ConfigError, match="recent_steps_ratio"):
+        load_settings(config, {})
