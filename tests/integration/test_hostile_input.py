@@ -287,3 +287,21 @@ def test_no_body_makes_the_gateway_fail(
     if answer.status_code >= 400:
         error = answer.json()["error"]
         assert error["message"] and error["type"]
+
+
+def test_invented_model_names_share_one_metric_label(fake_upstream: FakeUpstream, gateway_url: str) -> None:
+    """Label values are forever: names nobody configured are one bucket, known ones keep theirs."""
+    root = gateway_url.removesuffix("/v1")
+    long_prompt = [{"role": "user", "content": "word " * 8000}]
+    invented = [f"invented-model-{i}-{'x' * 200}" for i in range(20)]
+    for model in [*invented, "gpt-4o"]:
+        answer = httpx.post(
+            f"{gateway_url}/chat/completions",
+            json={"model": model, "messages": long_prompt},
+            headers={"x-fake-fault": "truncate"},
+        )
+        assert answer.status_code == 200 and "x-gateway-upstream-truncated" in answer.headers
+    metrics = httpx.get(f"{root}/metrics").text
+    assert 'gateway_upstream_silent_truncations_total{model="other"}' in metrics
+    assert 'gateway_upstream_silent_truncations_total{model="gpt-4o"}' in metrics
+    assert "invented-model" not in metrics
