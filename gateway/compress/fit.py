@@ -15,7 +15,10 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
                   the history (task statement, first facts) is kept up to a
                   share of the budget, turns after it go oldest first; then
                   older steps of the latest turn, oldest first, behind a
-                  second marker after its user message
+                  second marker after its user message. Each marker carries
+                  an account of its span within `digest_ratio` of the budget:
+                  a summary given for that exact span (`summaries`, made
+                  outside by an LLM), else the extractive digest (digest.py)
   6 protected     trim protected messages, largest first, the newest step
                   last, or refuse
 Stages 1–5 never touch system or developer messages, the latest user message
@@ -79,12 +82,16 @@ further: it never keeps more than auto for the same budget.
 
 from __future__ import annotations
 
+import hashlib
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+import orjson
+
+from gateway.compress.digest import digest
 from gateway.compress.options import CompressionOptions
 from gateway.compress.transforms import (
     MEDIA_KINDS,
@@ -110,6 +117,8 @@ Transform = Callable[[Message, float], Message]  # (message, its chars per token
 # (the estimate only filters and places rungs; what is kept is always counted exactly).
 TRIM_ESTIMATE_SLACK = 1.0
 ALL_STAGES = ("reasoning", "tool_results", "truncate", "drop_turns", "protected")
+# What a result reports: the stages, and what stood for the dropped spans (an LLM summary or the digest).
+REPORTED = ("reasoning", "tool_results", "truncate", "drop_turns", "digest", "summary", "protected")
 
 
 @dataclass(frozen=True)
@@ -137,34 +146,58 @@ class ContextBudgetExceeded(ValueError):
 
 
 @dataclass(frozen=True)
+class DroppedSpan:
+    """A run of messages the drop stage removed, as a summarizer needs it.
+
+    `key` names its content (`span_key`); `previous` is how many of its first
+    messages formed the span of the grid cut before this one (0: none), so a
+    summary of this span can build on the summary of that shorter one.
+    `account` is what the marker carries: "summary", "digest" or "" (none fit).
+    """
+
+    key: str
+    messages: tuple[Message, ...]
+    previous: int
+    room: int  # tokens an account of this span may take
+    account: str
+
+
+@dataclass(frozen=True)
 class FitResult:
     messages: list[Message]
     tokens_before: int
     tokens_after: int
     budget_tokens: int
-    stages: tuple[str, ...]  # stage names applied, in pipeline order; empty when unchanged
+    stages: tuple[str, ...]  # names from REPORTED, in that order; empty when unchanged
     messages_dropped: int
+    spans: tuple[DroppedSpan, ...] = ()
 
     @property
     def changed(self) -> bool:
         return bool(self.stages)
 
 
-def omitted_marker(dropped: Sequence[Message]) -> dict[str, Any]:
+def omitted_marker(dropped: Sequence[Message], account: str = "") -> dict[str, Any]:
     """The message standing for a dropped span (whole turns, or whole steps of the latest turn).
 
     A user message: it precedes a kept user turn or a kept step (strict APIs
     accept two user messages in a row; Anthropic merges them), never sits
     inside a tool pair, and unlike a mid-conversation system message works
-    with every upstream. It receives the span itself, so what it says can be
-    derived from what was dropped.
+    with every upstream. `account` (a summary or the digest of the span)
+    follows the count, so the model still knows what the dropped turns held.
     """
     count = len(dropped)
     noun = "message" if count == 1 else "messages"
-    return {
-        "role": "user",
-        "content": f"[context-gateway: {count:,} earlier {noun} omitted to fit the context window]",
-    }
+    line = f"[context-gateway: {count:,} earlier {noun} omitted to fit the context window"
+    if not account:
+        return {"role": "user", "content": line + "]"}
+    return {"role": "user", "content": f"{line}; what they held:]\n{account}"}
+
+
+def span_key(messages: Sequence[Message]) -> str:
+    """A name for a span's content: equal spans, on any replica, get the same key."""
+    data = orjson.dumps(list(messages), option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def fit(
@@ -175,6 +208,7 @@ def fit(
     tools: Sequence[Any] | None = None,
     options: CompressionOptions = CompressionOptions(),  # noqa: B008 - frozen, safe to share
     aggressive: bool = False,
+    summaries: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Return messages that fit `budget_tokens` (tools included), or raise ContextBudgetExceeded.
 
@@ -184,6 +218,12 @@ def fit(
 
     `aggressive=True` fits to `options.aggressive_ratio` of the budget when it
     can, else to the budget; it never keeps more tokens than the plain fit.
+
+    `summaries` maps `span_key`s to summaries of those spans (from an LLM,
+    made outside): a dropped span's marker carries its summary when one is
+    given and fits the span's room, else the span's digest. Where to cut never
+    depends on them (the room is reserved either way), so the result's
+    `spans` name what a summarizer should summarize for the next request.
     """
     counter = counter_for(model)
     sizes = [counter.message(message) for message in messages]
@@ -195,13 +235,13 @@ def fit(
         return unchanged
     if aggressive:
         try:
-            return _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens).run()
+            return _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens, summaries).run()
         except ContextBudgetExceeded:
             pass
         # The headroom is a wish, not a requirement: fit the plain budget instead.
         if before <= budget_tokens:
             return unchanged
-    return _Fitter(messages, sizes, fixed, counter, options, budget_tokens, budget_tokens).run()
+    return _Fitter(messages, sizes, fixed, counter, options, budget_tokens, budget_tokens, summaries).run()
 
 
 def _grid(weights: Sequence[int], quantum: int, start: int) -> list[int]:
@@ -229,10 +269,13 @@ class _Fitter:
         options: CompressionOptions,
         target: int,
         budget: int,
+        summaries: Mapping[str, str] | None,
         narrow: bool = False,
     ) -> None:
-        self.args = (messages, sizes, fixed, counter, options, target, budget)
+        self.args = (messages, sizes, fixed, counter, options, target, budget, summaries)
         self.narrow = narrow
+        self.summaries = summaries or {}
+        self.grid: list[int] = []  # the drop stage's cut points, for the spans' `previous`
         self.messages = messages
         self.sizes = sizes
         self.counter = counter
@@ -523,6 +566,7 @@ class _Fitter:
         kept = self.base + sum(weights)
         position = head
         cuts = self._turn_cuts(_grid(weights, quantum, head))
+        self.grid = cuts
         for cut in cuts:
             kept -= sum(weights[position:cut])
             position = cut
@@ -593,12 +637,47 @@ class _Fitter:
     def _dropped_count(self, head: int, cut: int) -> int:
         return sum(len(self._dropped(a, b)) for a, b in self._spans(head, cut))
 
-    def _markers(self, head: int, cut: int) -> dict[int, dict[str, Any]]:
-        """Old unit index -> the marker standing for the dropped run that starts there."""
-        return {a: omitted_marker(self._dropped(a, b)) for a, b in self._spans(head, cut)}
+    def _room(self, a: int, b: int) -> int:
+        """Tokens the account of dropped run [a, b) may take: the digest share, at most half the run.
 
-    def _marker_tokens(self, head: int, cut: int) -> int:
-        return sum(self.counter.message(marker) for marker in self._markers(head, cut).values())
+        Reserved whole when choosing the cut, so where to cut never depends on
+        what the account turns out to be (nor on which summaries exist).
+        """
+        share = int(self.budget * self.options.digest_ratio)
+        return min(share, sum(self._unit_size(unit) for unit in self.old[a:b]) // 2)
+
+    def _account(self, dropped: Sequence[Message], room: int) -> tuple[str, str]:
+        """(kind, text) standing for a dropped run: its summary if given and within room, else its digest."""
+        if room <= 0:
+            return "", ""
+        summary = self.summaries.get(span_key(dropped)) if self.summaries else None
+        if summary and self.counter.text(summary) <= room:
+            return "summary", summary
+        text = digest(dropped, room, self.counter.text)
+        return ("digest", text) if text else ("", "")
+
+    def _spans_out(
+        self, head: int, cut: int, accounts: bool
+    ) -> list[tuple[int, DroppedSpan, dict[str, Any]]]:
+        """(old unit index, span, marker) of each dropped run, with its account when `accounts`."""
+        out = []
+        for a, b in self._spans(head, cut):
+            dropped = self._dropped(a, b)
+            room = self._room(a, b) if accounts else 0
+            kind, text = self._account(dropped, room)
+            earlier = [c for c in self.grid if a < c < b]
+            previous = len(self._dropped(a, earlier[-1])) if earlier else 0
+            span = DroppedSpan(span_key(dropped), tuple(dropped), previous, room, kind)
+            out.append((a, span, omitted_marker(dropped, text)))
+        return out
+
+    def _marker_tokens(self, head: int, cut: int, accounts: bool = True) -> int:
+        """Tokens of the markers with their accounts' whole room (what the cut must leave free)."""
+        return sum(
+            self.counter.message(omitted_marker(self._dropped(a, b)))
+            + (self._room(a, b) + 1 if accounts else 0)  # (+1: the line break before the account)
+            for a, b in self._spans(head, cut)
+        )
 
     def _protected(self, levels: list[int]) -> FitResult:
         """Last resort: shrink protected messages under a halving cap, down to the floor.
@@ -611,7 +690,8 @@ class _Fitter:
         if not self.narrow and self.recent_steps > 1:
             return _Fitter(*self.args, narrow=True).run()
         n = len(self.old)
-        marker = self._marker_tokens(0, n)
+        # No account here: the prompt is being trimmed to its floor, a digest is a luxury.
+        marker = self._marker_tokens(0, n, accounts=False)
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
@@ -631,7 +711,7 @@ class _Fitter:
                 )
                 best = min(best, total)
                 if total <= self.target:
-                    return self._result(levels, head=0, cut=n, protected=shrunk)
+                    return self._result(levels, head=0, cut=n, protected=shrunk, accounts=False)
                 if cap == floor:
                     break
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
@@ -658,9 +738,18 @@ class _Fitter:
 
     # -- output -----------------------------------------------------------
 
-    def _result(self, levels: list[int], *, head: int, cut: int, protected: dict[int, Message]) -> FitResult:
+    def _result(
+        self,
+        levels: list[int],
+        *,
+        head: int,
+        cut: int,
+        protected: dict[int, Message],
+        accounts: bool = True,
+    ) -> FitResult:
         old_index = {unit.start: k for k, unit in enumerate(self.old)}
-        markers = self._markers(head, cut)
+        spans = self._spans_out(head, cut, accounts)
+        markers = {k: marker for k, _, marker in spans}
         out: list[Message] = []
         after = self.fixed
         stages: set[str] = set()
@@ -683,6 +772,7 @@ class _Fitter:
         dropped = self._dropped_count(head, cut)
         if dropped:
             stages.add("drop_turns")
+        stages |= {span.account for _, span, _ in spans if span.account}
         if protected:
             stages.add("protected")
         return FitResult(
@@ -690,8 +780,9 @@ class _Fitter:
             tokens_before=self.before,
             tokens_after=after,
             budget_tokens=self.budget,
-            stages=tuple(name for name in ALL_STAGES if name in stages),
+            stages=tuple(name for name in REPORTED if name in stages),
             messages_dropped=dropped,
+            spans=tuple(span for _, span, _ in spans),
         )
 
 

@@ -50,6 +50,14 @@ class CompressionOptions:
         and dropped like older turns, oldest first. The boundary moves on the
         `cut_quantum` grid (by whole quanta of the turn's steps), so
         consecutive requests of a loop keep sharing their prefix.
+    digest_ratio: each marker standing for dropped turns (or dropped steps of
+        an agent loop) carries an account of them within this share of the
+        budget, at most half the dropped tokens: an LLM summary of that exact
+        span when one is available, else the extractive digest (the user's
+        instructions verbatim, then facts, decisions and errors, then tool
+        calls; corrected values replace the old ones). The room is reserved
+        when choosing the cut, so a bigger share drops turns a little earlier;
+        0 turns accounts off (a bare count, as before).
     aggressive_ratio: with `aggressive=True` the prompt is fitted to this
         share of the budget when possible, leaving headroom; it never keeps
         more than the plain fit of the same budget.
@@ -63,6 +71,7 @@ class CompressionOptions:
     keep_head_ratio: float = 0.3
     cut_quantum: float = 0.25
     recent_steps_ratio: float = 0.5
+    digest_ratio: float = 0.1
     aggressive_ratio: float = 0.7
     protected_floor_tokens: int = 256
 
@@ -70,7 +79,7 @@ class CompressionOptions:
         for name in ("cut_quantum", "aggressive_ratio", "recent_steps_ratio"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
-        for name in ("keep_head_ratio", "rung_headroom"):
+        for name in ("keep_head_ratio", "rung_headroom", "digest_ratio"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1)")
         for name in ("tool_result_caps", "truncate_caps"):

@@ -1,0 +1,389 @@
+"""The extractive digest of a dropped span: what the dropped turns said that matters later.
+
+When the drop stage removes turns (or old steps of an agent loop), the marker
+standing for them carries this digest instead of a bare count. No model is
+involved: it is pure, deterministic and linear in the span's size.
+
+What goes in, by priority (a bounded token share is filled in this order, and
+each section is then printed in the conversation's order):
+  1 instructions  the user's own sentences, verbatim: first those carrying an
+                  instruction cue (must/never/always/don't, deadlines, prefer...,
+                  in several languages), then the other short ones. What a user
+                  writes briefly in any language is mostly a request, a rule or a
+                  decision, so shortness is the language-neutral core and cue
+                  words only rank within it.
+  2 facts         sentences or lines of assistant and tool messages that carry
+                  identifiers, numbers, paths, URLs or errors (any script: the
+                  evidence is digits, ASCII identifiers and punctuation, not words),
+                  decisions ranked first.
+  3 tool calls    by name and their short arguments, repeats counted.
+
+Supersession: a statement "subject = value" (is / : / = / set ... to / 是 / は
+...) retires every earlier sentence that states the same subject, and every
+earlier sentence that mentions the value it replaced, so a corrected value
+never survives beside the old one.
+
+Cache stability: the digest depends only on the span and its token cap, so a
+span that stays dropped yields the same bytes on every request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.compress.units import is_user_input
+
+Message = Mapping[str, Any]
+
+SECTIONS = ("The user said:", "Facts and decisions:", "Tool calls:")
+ITEM_CHARS = 320  # a longer sentence is cut in the middle: one pasted paragraph must not fill the digest
+SHORT_USER_CHARS = 240  # a user sentence up to this long is a candidate without any cue word
+TOOL_LINES = 3  # fact lines kept per tool output at most (logs repeat themselves)
+ARG_CHARS = 60  # tool-call arguments longer than this are elided
+
+# Sentence ends: Latin punctuation before a space, CJK punctuation anywhere, line breaks.
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])|\n+")
+# Language-specific cue words: a bonus layer that ranks instructions above other user sentences.
+_CUES = re.compile(
+    r"\b(?:must|mustn't|never|always|don't|do not|should|shouldn't|please|make sure|ensure|avoid|"
+    r"only|prefer|preferably|instead|deadline|due|by (?:monday|tuesday|wednesday|thursday|friday|"
+    r"saturday|sunday|tomorrow|tonight|eod)|required?|forbidden|no more|stop|keep|use|answer|reply|"
+    r"respond|write|important|remember|rule|constraint|"
+    r"jamais|toujours|doit|doivent|il faut|ne pas|s'il te plaît|s'il vous plaît|réponds?|"
+    r"nie|niemals|immer|muss|müssen|bitte|nicht|"
+    r"nunca|siempre|debe|deben|por favor|no\s+\w+|"
+    r"sempre|mai|deve|devono|"
+    r"никогда|всегда|должен|должны|нельзя|пожалуйста)\b"
+    r"|必须|务必|不要|不能|不得|禁止|别|总是|始终|永远|一定|请|截止|之前|优先|"
+    r"必ず|しないで|してください|禁止|常に|絶対|締め切り|までに|"
+    r"반드시|하지 마|항상|절대|마감",
+    re.IGNORECASE,
+)
+_DECISION = re.compile(
+    r"\b(?:decided|decide|decision|we'll use|we will use|let's use|going with|go with|chose|chosen|"
+    r"agreed|settled|switch(?:ed)? to|fixed|the fix|root cause|resolved|works now|"
+    r"décidé|choisi|entschieden|decidido|elegido)\b|决定|采用|选定|修复|決定|採用|修正",
+    re.IGNORECASE,
+)
+_ERROR = re.compile(
+    r"\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|refused|not found|"
+    r"errno|segfault|timeout|timed out|erreur|fehler)\b|错误|失败|異常|エラー|失敗|오류",
+    re.IGNORECASE,
+)
+# Evidence of a fact in any language: a URL, a path or file name, an identifier, a number.
+_FACT = re.compile(
+    r"https?://\S+"
+    r"|(?:~|\.{1,2})?/[\w.\-]+(?:/[\w.\-]+)+"
+    r"|\b[\w\-]+\.(?:py|js|ts|tsx|go|rs|java|rb|c|h|cpp|md|json|ya?ml|toml|txt|sql|sh|html|css|csv|cfg|ini|env|lock)\b"
+    r"|\b[A-Za-z]+_[A-Za-z0-9_]+\b|\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z]{2,}[A-Z0-9_\-]*\d*\b"
+    r"|\d+(?:[.,:/\-]\d+)*"
+)
+# "subject = value": the subject is what a later statement corrects. Latin copulas take the
+# last words before them; `:`/`=` and CJK copulas the text since the previous break.
+_VALUE = r"(?P<value>[^\s,;。，；]+(?:\s+[^\s,;。，；]+){0,3}?)(?=$|[\s,;.!?。，；！？)])"
+_ASSIGNMENTS = (
+    re.compile(
+        r"(?:^|[\s,(])(?:set|change|update|switch|move|rename)\s+(?:the\s+)?(?P<subject>[\w\- ]{1,40}?)"
+        r"\s+(?:to|=)\s+" + _VALUE,
+        re.IGNORECASE,
+    ),
+    re.compile(
+        r"(?P<subject>(?:[\w\-]+\s+){0,2}[\w\-]+)\s+(?:is|are|was|were|should be|will be|is now|"
+        r"est|sont|ist|sind|es|son)\s+(?:now\s+|actually\s+|still\s+)?" + _VALUE,
+        re.IGNORECASE,
+    ),
+    re.compile(r"(?P<subject>[^\s:=：,;。，；]{1,40})\s*[:=：]\s*" + _VALUE),
+    re.compile(r"(?P<subject>[^\s,;。，；：:是为は]{1,12})(?:改为|改成|应该是|是|为|は)\s*" + _VALUE),
+)
+_SUBJECT_NOISE = re.compile(
+    r"^(?:the|a|an|our|my|your|its|their|this|that|le|la|les|der|die|das|el|los|las|"
+    r"actually|now|so|and|but|also|correction|update|note|ok|okay)\s+",
+    re.IGNORECASE,
+)
+_GENERIC_SUBJECTS = frozenset({"it", "this", "that", "there", "he", "she", "they", "we", "i", "you", "what"})
+
+
+@dataclass(frozen=True)
+class _Item:
+    section: int  # index into SECTIONS
+    rank: int  # lower is kept first
+    order: int  # position in the span: output order within a section
+    text: str
+
+
+def digest_lines(messages: Sequence[Message]) -> list[tuple[int, int, str]]:
+    """(section, rank, text) of every candidate, in span order, superseded facts already removed."""
+    items: list[_Item] = []
+    calls: dict[str, int] = {}
+    order = 0
+    for message in messages:
+        role = message.get("role")
+        user = is_user_input(message)
+        for text in _texts(message):
+            lines = _sentences(text)
+            tool_output = role == "tool" or (not user and role == "user")
+            kept = 0
+            for line in lines:
+                order += 1
+                if user:
+                    cue = bool(_CUES.search(line))
+                    if cue or len(line) <= SHORT_USER_CHARS:
+                        items.append(_Item(0, 0 if cue else 1, order, line))
+                    elif _FACT.search(line):
+                        items.append(_Item(1, 2, order, line))
+                    continue
+                if tool_output and kept >= TOOL_LINES:
+                    continue
+                error = bool(_ERROR.search(line))
+                if error or _DECISION.search(line):
+                    items.append(_Item(1, 0 if not tool_output else 1, order, line))
+                    kept += 1
+                elif _FACT.search(line):
+                    items.append(_Item(1, 2 if not tool_output else 3, order, line))
+                    kept += 1
+        for call in _tool_calls(message):
+            order += 1
+            calls.setdefault(call, order)
+            items.append(_Item(2, 0, calls[call], call))
+    items = _supersede(items)
+    # Repeated tool calls are listed once, with their count.
+    counts: dict[str, int] = {}
+    for item in items:
+        if item.section == 2:
+            counts[item.text] = counts.get(item.text, 0) + 1
+    seen: set[tuple[int, str]] = set()
+    out: list[tuple[int, int, str]] = []
+    for item in items:
+        if (item.section, item.text) in seen:
+            continue
+        seen.add((item.section, item.text))
+        text = item.text
+        if item.section == 2 and counts[text] > 1:
+            text = f"{text} ×{counts[text]}"
+        out.append((item.section, item.rank, _clip(text)))
+    return out
+
+
+def digest(messages: Sequence[Message], max_tokens: int, count: Callable[[str], int]) -> str:
+    """The digest of `messages` within `max_tokens` (by `count`), or "" when nothing fits.
+
+    Candidates are taken by section, then rank, then newest first within a
+    rank (the later statement is the one still in force); kept lines are
+    printed by section in the span's order. The result is re-counted whole,
+    and the least important line dropped until it fits: the cap is a promise.
+    """
+    candidates = digest_lines(messages)
+    headers = [count(header + "\n") for header in SECTIONS]
+    ranked = sorted(range(len(candidates)), key=lambda i: (candidates[i][0], candidates[i][1], -i))
+    chosen: list[int] = []
+    used = 0
+    open_sections: set[int] = set()
+    for i in ranked:
+        section, _, text = candidates[i]
+        cost = count("- " + text + "\n") + (0 if section in open_sections else headers[section])
+        if used + cost <= max_tokens:
+            chosen.append(i)
+            used += cost
+            open_sections.add(section)
+    while chosen:
+        text = _render([candidates[i] for i in sorted(chosen)])
+        if count(text) <= max_tokens:
+            return text
+        chosen.pop()  # the least important of those chosen
+    return ""
+
+
+def _render(lines: Sequence[tuple[int, int, str]]) -> str:
+    out: list[str] = []
+    for section, header in enumerate(SECTIONS):
+        body = [f"- {text}" for s, _, text in lines if s == section]
+        if body:
+            out.append(header)
+            out.extend(body)
+    return "\n".join(out)
+
+
+def _texts(message: Message) -> list[str]:
+    """The readable text of a message: its string content or text parts (reasoning left out)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    texts: list[str] = []
+    if isinstance(content, list):
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            if isinstance(part.get("text"), str) and part.get("type") in (
+                "text",
+                "input_text",
+                "output_text",
+            ):
+                texts.append(part["text"])
+            elif part.get("type") == "tool_result":
+                inner = part.get("content")
+                if isinstance(inner, str):
+                    texts.append(inner)
+                elif isinstance(inner, list):
+                    texts.extend(
+                        p["text"] for p in inner if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+                    )
+    return texts
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in (part.strip(" \t-*•>#") for part in _SENTENCE_END.split(text)) if s]
+
+
+def _tool_calls(message: Message) -> list[str]:
+    """`name(key=value, ...)` for each tool call (OpenAI tool_calls, Anthropic tool_use blocks)."""
+    calls: list[tuple[Any, Any]] = []
+    tool_calls = message.get("tool_calls")
+    if isinstance(tool_calls, list):
+        for call in tool_calls:
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping):
+                arguments = function.get("arguments")
+                try:
+                    parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+                except orjson.JSONDecodeError:
+                    parsed = arguments
+                calls.append((function.get("name"), parsed))
+    content = message.get("content")
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "tool_use":
+                calls.append((part.get("name"), part.get("input")))
+    return [f"{name if isinstance(name, str) else 'tool'}({_arguments(args)})" for name, args in calls]
+
+
+def _arguments(arguments: Any) -> str:
+    if isinstance(arguments, Mapping):
+        return ", ".join(f"{key}={_argument(value)}" for key, value in arguments.items())
+    return "" if arguments is None else _argument(arguments)
+
+
+def _argument(value: Any) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    text = " ".join(text.split())
+    return text if len(text) <= ARG_CHARS else text[: ARG_CHARS - 1] + "…"
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) <= ITEM_CHARS:
+        return text
+    half = (ITEM_CHARS - 1) // 2
+    return text[:half] + "…" + text[-half:]
+
+
+def _assignment(line: str) -> tuple[str, str] | None:
+    """(subject, value) of the last statement of a value in the line, normalized; None if none."""
+    for pattern in _ASSIGNMENTS:
+        matches = list(pattern.finditer(line))
+        for match in reversed(matches):
+            subject = match.group("subject").strip().lower()
+            while True:
+                stripped = _SUBJECT_NOISE.sub("", subject)
+                if stripped == subject:
+                    break
+                subject = stripped
+            value = match.group("value").strip().rstrip(".!?:)'\"")
+            if subject and subject not in _GENERIC_SUBJECTS and _valued(value) and not subject.isdigit():
+                return subject, value
+    return None
+
+
+def _supersede(items: list[_Item]) -> list[_Item]:
+    """Drop what a later statement of the same subject corrected, and any earlier mention of the old value."""
+    assignments = [(_assignment(item.text) if item.section < 2 else None) for item in items]
+    # Subjects compare case-insensitively, values too; the stale value keeps its case to judge it.
+    latest: dict[str, int] = {}
+    for index, found in enumerate(assignments):
+        if found:
+            latest[found[0]] = index
+    retired: set[int] = set()
+    stale: list[tuple[str, int]] = []  # (old value, index of the statement that replaced it)
+    for index, found in enumerate(assignments):
+        if found and latest[found[0]] != index:
+            newer = assignments[latest[found[0]]]
+            if newer is not None and newer[1].lower() != found[1].lower():
+                retired.add(index)
+                token = next((t for t in found[1].split() if _distinctive(t)), None)
+                if token is not None and token.lower() not in newer[1].lower():
+                    stale.append((token, latest[found[0]]))
+    for value, until in stale:
+        pattern = re.compile(r"(?<![\w.])" + re.escape(value) + r"(?![\w])", re.IGNORECASE)
+        for index in range(until):
+            if items[index].section < 2 and pattern.search(items[index].text):
+                retired.add(index)
+    return [item for index, item in enumerate(items) if index not in retired]
+
+
+def _valued(value: str) -> bool:
+    """A value, not the start of a clause: a digit, capital, symbol, non-Latin script or rare word."""
+    first = value.split()[0] if value.split() else ""
+    return _distinctive(first) or (len(first) >= 3 and first.lower() not in _FILLER)
+
+
+def _distinctive(token: str) -> bool:
+    """A token worth hunting in other sentences: it names something (not a common lowercase word)."""
+    return any(not ch.isascii() or ch.isdigit() or ch.isupper() or ch in "./_-@:#" for ch in token)
+
+
+_FILLER = frozenset(
+    [
+        "the",
+        "and",
+        "not",
+        "but",
+        "also",
+        "very",
+        "really",
+        "just",
+        "going",
+        "being",
+        "been",
+        "done",
+        "that",
+        "this",
+        "there",
+        "what",
+        "which",
+        "when",
+        "where",
+        "who",
+        "how",
+        "why",
+        "then",
+        "than",
+        "because",
+        "probably",
+        "maybe",
+        "still",
+        "already",
+        "always",
+        "never",
+        "here",
+        "fine",
+        "good",
+        "great",
+        "correct",
+        "wrong",
+        "true",
+        "false",
+        "possible",
+        "important",
+        "necessary",
+        "able",
+        "about",
+        "for",
+        "with",
+        "from",
+        "into",
+    ]
+)
