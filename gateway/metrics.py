@@ -34,3 +34,21 @@ GATEWAY_OVERHEAD = Histogram(
     "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+SUMMARIES = Counter(
+    "gateway_summaries_total",
+    "Summaries of dropped spans: made by the summarizer, found in the cache, or fallen back to the digest.",
+    ["outcome"],
+)
+SUMMARY_FAILURES = Counter(
+    "gateway_summary_failures_total",
+    "Summarizer attempts that gave nothing usable, by reason (timeout, refused, garbage, too_long, ...).",
+    ["reason"],
+)
+SUMMARIZER_LATENCY = Histogram(
+    "gateway_summarizer_seconds",
+    "Time of one summarizer call.",
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+SUMMARIZER_TOKENS = Counter(
+    "gateway_summarizer_tokens_total", "Tokens the summarizer reported using, by kind.", ["kind"]
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,12 +12,14 @@ import orjson
 from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.compress import ContextBudgetExceeded, fit
+from gateway.compress.fit import DroppedSpan
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
+    from gateway.summarize import Summarizer
 
 # Fitting a payload this large can take tens of milliseconds: do it off the event loop.
 FIT_IN_THREAD_BYTES = 256 * 1024
@@ -33,6 +36,7 @@ class Plan:
     tokens_before: int = 0
     tokens_after: int = 0
     stages: tuple[str, ...] = ()
+    spans: tuple[DroppedSpan, ...] = ()  # what fit dropped: the summarizer's work
     # The exact count of a prompt already known to fit, running while the upstream works.
     counting: asyncio.Task[int] | None = None
 
@@ -64,9 +68,59 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     tokens = await count_request_async(counter, chat.payload)
     if tokens <= budget and chat.mode != "aggressive":
         return Plan(chat.raw, budget, tokens, tokens)
+    plan = await _fit(runtime, chat, counter, tokens, budget, {})
+    if runtime.summarizer is not None and plan.spans:
+        plan = await _with_summaries(runtime, runtime.summarizer, plan, chat, counter, tokens, budget)
+    for stage in plan.stages:
+        metrics.COMPRESSIONS.labels(stage).inc()
+    metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - plan.tokens_after))
+    return plan
+
+
+async def _fit(
+    runtime: Runtime,
+    chat: ChatRequest,
+    counter: TokenCounter,
+    tokens: int,
+    budget: int,
+    summaries: Mapping[str, str],
+) -> Plan:
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
-    return _fitted_plan(runtime, chat, counter, tokens, budget)
+        return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget, summaries)
+    return _fitted_plan(runtime, chat, counter, tokens, budget, summaries)
+
+
+async def _with_summaries(
+    runtime: Runtime,
+    summarizer: Summarizer,
+    plan: Plan,
+    chat: ChatRequest,
+    counter: TokenCounter,
+    tokens: int,
+    budget: int,
+) -> Plan:
+    """The summarizer's hook: summaries for the spans the plan drops, and the work for the next request.
+
+    Where fit cuts never depends on summaries, so the spans of the plan made
+    without them are the spans to look up. Background mode uses what the
+    store holds and makes the rest after the request has gone on; inline
+    mode waits for them up to the summarizer's timeout. Whatever is missing
+    stays the digest.
+    """
+    summaries = await summarizer.cached(plan.spans)
+    missing = [span for span in plan.spans if span.key not in summaries]
+    if missing and not summarizer.background:
+        summaries.update(await summarizer.wait_for(missing))
+    elif missing:
+        for span in missing:
+            runtime.in_background(_make(summarizer, span))
+    if not summaries:
+        return plan
+    return await _fit(runtime, chat, counter, tokens, budget, summaries)
+
+
+async def _make(summarizer: Summarizer, span: DroppedSpan) -> None:
+    await summarizer.make(span)
 
 
 def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
@@ -75,7 +129,12 @@ def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
 
 
 def _fitted_plan(
-    runtime: Runtime, chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int
+    runtime: Runtime,
+    chat: ChatRequest,
+    counter: TokenCounter,
+    tokens: int,
+    budget: int,
+    summaries: Mapping[str, str],
 ) -> Plan:
     messages = chat.messages
     # Tool definitions, functions and response_format count against the budget but are never cut.
@@ -87,6 +146,7 @@ def _fitted_plan(
             budget_tokens=budget - fixed,
             options=runtime.settings.compression,
             aggressive=chat.mode == "aggressive",
+            summaries=summaries,
         )
     except ContextBudgetExceeded as exc:
         metrics.REFUSALS.inc()
@@ -101,12 +161,8 @@ def _fitted_plan(
         ) from None
     if not result.stages:
         return Plan(chat.raw, budget, tokens, tokens)
-    for stage in result.stages:
-        metrics.COMPRESSIONS.labels(stage).inc()
-    tokens_after = result.tokens_after + fixed
-    metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - tokens_after))
     body = orjson.dumps({**chat.payload, "messages": result.messages})
-    return Plan(body, budget, tokens, tokens_after, tuple(result.stages))
+    return Plan(body, budget, tokens, result.tokens_after + fixed, tuple(result.stages), result.spans)
 
 
 def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int | None:

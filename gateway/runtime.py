@@ -13,6 +13,7 @@ from gateway import metrics
 from gateway.overflow import Overflow, detect_silent_truncation
 from gateway.settings import Settings
 from gateway.store import Store, open_store
+from gateway.summarize import Summarizer
 from gateway.tokens.calibration import MAX_MODELS, Calibration
 from gateway.tokens.counter import CALIBRATION, counter_for
 from gateway.tokens.windows import LearnedWindows, WindowResolver
@@ -31,6 +32,7 @@ class Runtime:
     store: Store
     windows: WindowResolver
     calibration: Calibration
+    summarizer: Summarizer | None = None  # compression.summarizer, when a model is configured
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Models whose learned state this process read from the store, most recent last (bounded:
@@ -39,12 +41,15 @@ class Runtime:
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:
+        store = open_store(settings.redis_url)
+        summarizer = settings.compression.summarizer
         return cls(
             settings=settings,
             upstream=Upstream(settings.upstream),
-            store=open_store(settings.redis_url),
+            store=store,
             windows=WindowResolver(overrides=settings.window_overrides(), learned=LearnedWindows()),
             calibration=CALIBRATION,
+            summarizer=Summarizer(summarizer, settings.upstream, store) if summarizer.model else None,
         )
 
     async def start(self) -> None:
@@ -54,6 +59,8 @@ class Runtime:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.upstream.close()
+        if self.summarizer is not None:
+            await self.summarizer.close()
         await self.store.close()
 
     async def load_learned(self, model: str) -> None:

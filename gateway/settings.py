@@ -109,6 +109,30 @@ class BudgetSettings:
         )
 
 
+SUMMARIZER_MODES = ("background", "inline")
+
+
+@dataclass(frozen=True)
+class SummarizerSettings:
+    """`compression.summarizer`: an LLM summarizing dropped spans (gateway/summarize/); off without model."""
+
+    model: str = ""
+    base_url: str | None = None  # default: upstream.base_url
+    api_key: str | None = None  # default: upstream.api_key
+    mode: str = "background"
+    max_input_tokens: int = 16_000
+    max_output_tokens: int = 1_024
+    timeout: float = 30.0
+    cache_ttl: int = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class CompressionSettings(CompressionOptions):
+    """The engine's options plus the summarizer, which only the gateway (not the library) uses."""
+
+    summarizer: SummarizerSettings = field(default_factory=SummarizerSettings)
+
+
 @dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
@@ -116,7 +140,7 @@ class Settings:
     models: dict[str, ModelSettings] = field(default_factory=dict)
     redis_url: str | None = None
     budget: BudgetSettings = field(default_factory=BudgetSettings)
-    compression: CompressionOptions = field(default_factory=CompressionOptions)
+    compression: CompressionSettings = field(default_factory=CompressionSettings)
 
     def window_overrides(self) -> dict[str, int]:
         return {name: m.context_window for name, m in self.models.items() if m.context_window}
@@ -201,6 +225,7 @@ def _check(settings: Settings) -> list[str]:
         redis_problem = _redis_url_problem(settings.redis_url)
         if redis_problem:
             problems.append(f"redis_url {redis_problem}")
+    problems.extend(_summarizer_problems(settings.compression.summarizer))
     if open_relay(settings):
         problems.append(
             f"upstream.api_key is set, no gateway keys are configured and the gateway listens on "
@@ -208,6 +233,30 @@ def _check(settings: Settings) -> list[str]:
             "use the organisation's upstream key (an open relay). Listen on 127.0.0.1, configure "
             "gateway keys, or set server.allow_unauthenticated: true if this is what you mean"
         )
+    return problems
+
+
+def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
+    where = "compression.summarizer"
+    problems = []
+    if len(summarizer.model) > 256 or any(ord(ch) < 32 for ch in summarizer.model):
+        problems.append(f"{where}.model must be a model name (at most 256 printable characters)")
+    if summarizer.base_url:
+        url_problem = http_url_problem(summarizer.base_url)
+        if url_problem:
+            problems.append(f"{where}.base_url {url_problem}")
+    if summarizer.mode not in SUMMARIZER_MODES:
+        problems.append(
+            f"{where}.mode must be one of {', '.join(SUMMARIZER_MODES)}, got {summarizer.mode[:40]!r}"
+        )
+    if not 1_024 <= summarizer.max_input_tokens <= 2_000_000:
+        problems.append(f"{where}.max_input_tokens must be between 1024 and 2000000")
+    if not 32 <= summarizer.max_output_tokens <= 100_000:
+        problems.append(f"{where}.max_output_tokens must be between 32 and 100000")
+    if not 0.1 <= summarizer.timeout <= 600:
+        problems.append(f"{where}.timeout must be between 0.1 and 600 seconds")
+    if not 60 <= summarizer.cache_ttl <= 365 * 24 * 3600:
+        problems.append(f"{where}.cache_ttl must be between 60 seconds and a year")
     return problems
 
 

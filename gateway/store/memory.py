@@ -23,6 +23,16 @@ class MemoryStore:
         expires_at = time.monotonic() + ttl_seconds if ttl_seconds else None
         self._values[key] = (value, expires_at)
 
+    async def add(self, key: str, value: str, ttl_seconds: int) -> bool:
+        if await self.get(key) is not None:
+            return False
+        await self.set(key, value, ttl_seconds)
+        return True
+
+    async def remove_if(self, key: str, value: str) -> None:
+        if await self.get(key) == value:
+            del self._values[key]
+
     async def ping(self) -> bool:
         return True
 

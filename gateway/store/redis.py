@@ -3,6 +3,8 @@ from __future__ import annotations
 import redis.asyncio as redis_asyncio
 
 KEY_PREFIX = "context-gateway:"
+# Compare-and-delete in one step: a lock that expired and was taken by another holder stays theirs.
+REMOVE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 class RedisStore:
@@ -19,6 +21,12 @@ class RedisStore:
 
     async def set(self, key: str, value: str, ttl_seconds: int | None = None) -> None:
         await self._client.set(KEY_PREFIX + key, value, ex=ttl_seconds or None)
+
+    async def add(self, key: str, value: str, ttl_seconds: int) -> bool:
+        return bool(await self._client.set(KEY_PREFIX + key, value, ex=ttl_seconds, nx=True))
+
+    async def remove_if(self, key: str, value: str) -> None:
+        await self._client.eval(REMOVE_IF, 1, KEY_PREFIX + key, value)
 
     async def ping(self) -> bool:
         return bool(await self._client.ping())

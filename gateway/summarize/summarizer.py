@@ -1,0 +1,225 @@
+"""Find, make and share summaries of the spans `fit()` drops; every failure falls back to the digest.
+
+Cache: a summary is stored under the prompt version, the summarizer model and
+the span's content key, with an expiry, so every replica reuses it and an
+identical span (the same conversation on another replica) costs nothing.
+
+Single flight: making a summary takes a store lock (a token and an expiry)
+named after the same key. N concurrent requests of one conversation, on any
+replica, make one call; the others go on with the digest (background) or wait
+for the holder's result (inline).
+
+Incremental: a span on the drop grid is its predecessor (the span of the
+previous cut) plus the turns the cut moved past. When the predecessor's
+summary is cached, only those turns are read, after that summary.
+
+Bounded: the input is fitted to `max_input_tokens` (prompt.py), the output is
+capped at `max_output_tokens`, there is one attempt per span within `timeout`,
+and a summary not shorter than the span it replaces is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway import metrics
+from gateway.compress import ContextBudgetExceeded
+from gateway.compress.fit import DroppedSpan, span_key
+from gateway.settings import SummarizerSettings, UpstreamSettings
+from gateway.store import Store
+from gateway.summarize.prompt import PROMPT_VERSION, summary_request
+from gateway.tokens.counter import counter_for
+
+log = logging.getLogger("gateway")
+
+# How often an inline request polls the store for a summary another holder is making.
+POLL_SECONDS = 0.05
+# Summaries being made in this process at once; more spans wait for a later request.
+MAX_IN_FLIGHT = 8
+
+
+class SummaryFailed(Exception):
+    """The summarizer gave nothing usable; `reason` is a metric label."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Summarizer:
+    def __init__(self, settings: SummarizerSettings, upstream: UpstreamSettings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        base = (settings.base_url or upstream.base_url).rstrip("/")
+        self.url = base + "/chat/completions"
+        api_key = settings.api_key if settings.base_url else settings.api_key or upstream.api_key
+        self.headers = {"content-type": "application/json"}
+        if api_key:
+            self.headers["authorization"] = f"Bearer {api_key}"
+        self.counter = counter_for(settings.model)
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight: set[str] = set()
+
+    @property
+    def background(self) -> bool:
+        return self.settings.mode == "background"
+
+    def key(self, span_key: str) -> str:
+        return f"summary:{PROMPT_VERSION}:{self.settings.model}:{span_key}"
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def cached(self, spans: Iterable[DroppedSpan]) -> dict[str, str]:
+        """Summaries already in the store for these spans (span key -> text); none on a store failure."""
+        found: dict[str, str] = {}
+        for span in spans:
+            try:
+                text = await self.store.get(self.key(span.key))
+            except Exception as exc:  # a store outage costs the summary, never the request
+                log.warning("summary lookup failed: %s", type(exc).__name__)
+                metrics.SUMMARIES.labels("fallback").inc()
+                return found
+            if text is not None:
+                found[span.key] = text
+        metrics.SUMMARIES.labels("cache_hit").inc(len(found))
+        return found
+
+    async def wait_for(self, spans: Iterable[DroppedSpan]) -> dict[str, str]:
+        """Inline mode: make (or wait for) each span's summary within the timeout; what came in time."""
+        deadline = time.monotonic() + self.settings.timeout
+        found: dict[str, str] = {}
+        for span in spans:
+            text = await self.make(span, wait_until=deadline)
+            if text is not None:
+                found[span.key] = text
+        return found
+
+    async def make(self, span: DroppedSpan, *, wait_until: float | None = None) -> str | None:
+        """The span's summary: from the store, or made here under the lock; None on any failure.
+
+        Without `wait_until` (background), a span another holder is making is
+        left to it. With it (inline), the store is polled until then.
+        """
+        key = self.key(span.key)
+        mine = key not in self._in_flight and len(self._in_flight) < MAX_IN_FLIGHT
+        if mine:
+            self._in_flight.add(key)
+        token = secrets.token_hex(16)
+        lock = f"{key}:lock"
+        try:
+            cached = await self.store.get(key)
+            if cached is not None:
+                return cached
+            if not mine or not await self.store.add(lock, token, int(self.settings.timeout) + 5):
+                return await self._await_other(key, wait_until)
+            try:
+                text = await self._summarize(span)
+                await self.store.set(key, text, self.settings.cache_ttl)
+                return text
+            finally:
+                await self.store.remove_if(lock, token)
+        except SummaryFailed as failure:
+            metrics.SUMMARIES.labels("fallback").inc()
+            metrics.SUMMARY_FAILURES.labels(failure.reason).inc()
+            return None
+        except Exception as exc:  # the store: the digest stands in
+            log.warning("summary failed: %s", type(exc).__name__)
+            metrics.SUMMARIES.labels("fallback").inc()
+            metrics.SUMMARY_FAILURES.labels("store").inc()
+            return None
+        finally:
+            if mine:
+                self._in_flight.discard(key)
+
+    async def _await_other(self, key: str, wait_until: float | None) -> str | None:
+        while wait_until is not None and time.monotonic() < wait_until:
+            await asyncio.sleep(POLL_SECONDS)
+            text = await self.store.get(key)
+            if text is not None:
+                return text
+        return None
+
+    async def _summarize(self, span: DroppedSpan) -> str:
+        """One attempt within the timeout; raises SummaryFailed with the reason."""
+        messages: tuple[Any, ...] = span.messages
+        earlier = None
+        if span.previous:
+            earlier = await self.store.get(self.key(span_key(span.messages[: span.previous])))
+            if earlier is not None:
+                messages = span.messages[span.previous :]
+        try:  # fitting a long span takes a while: off the event loop, which serves requests
+            body = await asyncio.to_thread(
+                summary_request,
+                self.settings.model,
+                messages,
+                earlier,
+                self.settings.max_input_tokens,
+                min(self.settings.max_output_tokens, span.room),  # what the marker can hold
+            )
+        except ContextBudgetExceeded:
+            raise SummaryFailed("overflow") from None
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                answer = await self._post(body)
+        except TimeoutError:
+            raise SummaryFailed("timeout") from None
+        except aiohttp.ClientError:
+            raise SummaryFailed("unreachable") from None
+        finally:
+            metrics.SUMMARIZER_LATENCY.observe(time.perf_counter() - started)
+        text = _summary_text(answer)
+        usage = answer.get("usage")
+        if isinstance(usage, Mapping):
+            for kind in ("prompt_tokens", "completion_tokens"):
+                if isinstance(usage.get(kind), int):
+                    metrics.SUMMARIZER_TOKENS.labels(kind.split("_")[0]).inc(usage[kind])
+        tokens = self.counter.text(text)
+        if tokens > min(self.settings.max_output_tokens, span.room) or tokens >= self.counter.messages(
+            span.messages
+        ):
+            raise SummaryFailed("too_long")
+        metrics.SUMMARIES.labels("made").inc()
+        return text
+
+    async def _post(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+        async with self._session.post(self.url, data=orjson.dumps(body), headers=self.headers) as reply:
+            raw = await reply.content.read(1 << 22)  # 4 MiB: far beyond any capped summary
+            if reply.status != 200:
+                raise SummaryFailed(f"status_{reply.status // 100}xx")
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise SummaryFailed("garbage") from None
+        if not isinstance(answer, Mapping):
+            raise SummaryFailed("garbage")
+        return answer
+
+
+def _summary_text(answer: Mapping[str, Any]) -> str:
+    """The answer's text; a refusal, a cut-off answer or anything malformed is a failure."""
+    choices = answer.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, Mapping) else None
+    if not isinstance(message, Mapping) or not isinstance(choice, Mapping):
+        raise SummaryFailed("garbage")
+    if message.get("refusal"):
+        raise SummaryFailed("refused")
+    if choice.get("finish_reason") == "length":
+        raise SummaryFailed("too_long")
+    content = message.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise SummaryFailed("garbage")
+    return content.strip()

@@ -1,0 +1,103 @@
+"""A fake summarizer: an OpenAI-style chat-completions endpoint that counts calls and can misbehave.
+
+Its summary is an "ideal" one: every distinct token carrying a digit (the ids,
+values and canaries the conversation states), in order of appearance, so a
+test or the benchmark sees which facts crossed. Modes, set on the instance:
+
+    ok        200 with that summary
+    slow      the same after `delay` seconds
+    fail      500 with OpenAI's server_error body
+    refuse    200 whose message is a refusal (content null)
+    garbage   200 whose body is not JSON
+    long      200 with a summary far longer than any span (to be discarded)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.fakes.serve import serve_in_thread
+
+FACT = re.compile(r"[\w\-./]*\d[\w\-./]*")
+
+
+@dataclass
+class FakeSummarizer:
+    mode: str = "ok"
+    delay: float = 0.0
+    calls: int = 0
+    answered: int = 0  # calls that got their answer (a slow call counts only once it is over)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    base_url: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def ideal_summary(messages: list[Any], max_tokens: int) -> str:
+    """Every fact seen, newest kept first when they exceed `max_tokens` (about 4 tokens a fact)."""
+    seen: dict[str, None] = {}
+    for message in messages[1:-1]:  # not the instructions, not the closing request
+        for token in FACT.findall(orjson.dumps(message.get("content")).decode()):
+            seen.setdefault(token.strip("./-"), None)
+    facts = list(seen)[-max(1, max_tokens // 5) :]
+    return "Notes: " + " ".join(facts)
+
+
+def create_app(fake: FakeSummarizer) -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list):
+            return JSONResponse({"error": {"message": "bad request", "type": "invalid_request_error"}}, 400)
+        with fake.lock:
+            fake.calls += 1
+            fake.bodies.append(body)
+        if fake.mode == "slow":
+            await asyncio.sleep(fake.delay)
+        with fake.lock:
+            fake.answered += 1
+        if fake.mode == "fail":
+            error = {
+                "message": "The server had an error.",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+            return JSONResponse({"error": error}, 500)
+        if fake.mode == "garbage":
+            return Response(b"<html>oops</html>", 200, media_type="application/json")
+        text = ideal_summary(body["messages"], int(body.get("max_tokens") or 1024))
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if fake.mode == "refuse":
+            message = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+        if fake.mode == "long":
+            message["content"] = "word " * 50_000
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{fake.calls}",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+            }
+        )
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+@contextmanager
+def serve_summarizer() -> Iterator[FakeSummarizer]:
+    fake = FakeSummarizer()
+    with serve_in_thread(create_app(fake)) as url:
+        fake.base_url = f"{url}/v1"
+        yield fake

@@ -1,0 +1,228 @@
+"""LLM summaries of dropped turns through the real route: cached, shared, single-flight, never in the way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import openai
+import pytest
+import redis
+
+from tests.conftest import GatewayFactory
+from tests.fakes.serve import free_port
+from tests.fakes.summarizer import FakeSummarizer, serve_summarizer
+from tests.fakes.upstream import FakeUpstream
+
+WINDOW = 6_000
+MODEL = "gpt-4o-mini"
+MODELS = json.dumps({MODEL: {"context_window": WINDOW}})
+MARKER = "omitted to fit the context window; what they held"
+
+
+@pytest.fixture
+def summarizer() -> Iterator[FakeSummarizer]:
+    with serve_summarizer() as fake:
+        yield fake
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a support assistant."},
+        {"role": "user", "content": "Never share customer emails. " + "Some background. " * 60},
+        {"role": "assistant", "content": "Understood. " + "More detail. " * 60},
+    ]
+    for turn in range(turns):
+        messages += [
+            {
+                "role": "user",
+                "content": f"Ticket T-{turn:03d} is about invoice INV-{turn:04d}. " + "Context. " * 60,
+            },
+            {"role": "assistant", "content": f"Noted ticket T-{turn:03d}. " + "Explanation. " * 60},
+        ]
+    return [*messages, {"role": "user", "content": "What was the first ticket about?"}]
+
+
+def ask(url: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], Any]:
+    client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=200,
+    )
+    assert raw.http_response.status_code == 200
+    return raw.headers["x-gateway-compression"], messages, raw
+
+
+def sent_marker(fake_upstream: FakeUpstream) -> str:
+    sent = fake_upstream.received[-1].json["messages"]
+    return next(str(m["content"]) for m in sent if MARKER in str(m["content"]))
+
+
+def start(start_gateway: GatewayFactory, summarizer: FakeSummarizer, **extra: str) -> str:
+    return start_gateway(
+        GATEWAY_MODELS=MODELS,
+        GATEWAY_COMPRESSION_SUMMARIZER_MODEL="summarizer-mini",
+        GATEWAY_COMPRESSION_SUMMARIZER_BASE_URL=summarizer.base_url,
+        **extra,
+    )
+
+
+def wait_until(condition: Any, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_background_mode_sends_the_digest_at_once_and_the_summary_next_time(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = "slow", 1.0
+    url = start(start_gateway, summarizer)
+    messages = conversation(30)
+    header, _, _ = ask(url, messages)
+    # The answer came back while the summarizer was still working: it was never waited for.
+    assert summarizer.answered == 0
+    assert "digest" in header.split(",") and "The user said:\n- Ticket T-" in sent_marker(fake_upstream)
+    wait_until(lambda: summarizer.answered == 1)
+    time.sleep(0.3)  # the store write follows the answer
+    header, _, _ = ask(url, messages)
+    assert "summary" in header.split(",") and "digest" not in header.split(",")
+    marker = sent_marker(fake_upstream)
+    assert marker.split("]\n", 1)[1].startswith("Notes: ") and "INV-0019" in marker  # the last dropped turn
+    assert summarizer.calls == 1  # the second request used the stored summary
+
+
+def test_inline_mode_waits_for_the_summary(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline")
+    header, _, _ = ask(url, conversation(30))
+    assert "summary" in header.split(",") and summarizer.calls == 1
+    body = summarizer.bodies[0]
+    # Capped by the configured output and by the room the marker has (a tenth of the budget).
+    assert body["model"] == "summarizer-mini" and 0 < body["max_tokens"] <= WINDOW // 10
+    assert "User instructions" in body["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("mode", ["fail", "refuse", "garbage", "long", "slow"])
+def test_any_summarizer_failure_falls_back_to_the_digest(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer, mode: str
+) -> None:
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = mode, 3.0
+    url = start(
+        start_gateway,
+        summarizer,
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
+        GATEWAY_COMPRESSION_SUMMARIZER_TIMEOUT="0.5",
+    )
+    header, _, _ = ask(url, conversation(30))
+    assert "digest" in header.split(",") and "summary" not in header.split(",")
+    assert "The user said:\n- Ticket T-" in sent_marker(fake_upstream)
+    assert summarizer.calls == 1  # one attempt per span
+
+
+def test_a_summarizer_that_is_down_falls_back_to_the_digest(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    fake_upstream.window = WINDOW
+    url = start_gateway(
+        GATEWAY_MODELS=MODELS,
+        GATEWAY_COMPRESSION_SUMMARIZER_MODEL="summarizer-mini",
+        GATEWAY_COMPRESSION_SUMMARIZER_BASE_URL=f"http://127.0.0.1:{free_port()}/v1",
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
+    )
+    header, _, _ = ask(url, conversation(30))
+    assert "digest" in header.split(",")
+
+
+def test_a_growing_conversation_makes_one_call_per_cut_and_keeps_its_prefix(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline")
+    spans: list[str] = []
+    previous: list[dict[str, Any]] | None = None
+    moves = 0
+    for turns in range(8, 108):
+        header, _, _ = ask(url, conversation(turns))
+        sent = fake_upstream.received[-1].json["messages"]
+        marker = next((str(m["content"]) for m in sent if MARKER in str(m["content"])), None)
+        if marker is None:
+            assert "drop_turns" not in header
+            continue
+        assert "summary" in header.split(",")
+        if spans and marker != spans[-1]:
+            moves += 1
+        elif previous is not None:
+            # While the cut stays put, the previous prompt (bar its question) is a prefix of this one.
+            assert sent[: len(previous) - 1] == previous[:-1]
+        spans.append(marker)
+        previous = sent
+    assert moves >= 3  # the cut moved several times over 100 turns
+    assert summarizer.calls <= moves + 1  # at most one call per cut position
+    assert summarizer.calls == len(set(spans))
+    # Incremental: after the first, each summary read the earlier summary, not the whole span again.
+    assert all(
+        "Notes on the conversation before" in str(b["messages"][1]["content"]) for b in summarizer.bodies[1:]
+    )
+
+
+def test_two_gateway_processes_on_one_redis_make_one_call_for_one_span(
+    fake_upstream: FakeUpstream, summarizer: FakeSummarizer, redis_url: str
+) -> None:
+    redis.Redis.from_url(redis_url).flushdb()
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = "slow", 1.0
+    ports = [free_port(), free_port()]
+    environ = {
+        **os.environ,
+        "GATEWAY_UPSTREAM_BASE_URL": fake_upstream.base_url,
+        "GATEWAY_MODELS": MODELS,
+        "GATEWAY_REDIS_URL": redis_url,
+        "GATEWAY_COMPRESSION_SUMMARIZER_MODEL": "summarizer-mini",
+        "GATEWAY_COMPRESSION_SUMMARIZER_BASE_URL": summarizer.base_url,
+        "GATEWAY_COMPRESSION_SUMMARIZER_MODE": "inline",
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+            env=environ,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
+    try:
+        urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
+        for url in urls:
+            wait_until(lambda url=url: _healthy(url))
+        messages = conversation(30)
+        with ThreadPoolExecutor(8) as pool:
+            headers = list(pool.map(lambda i: ask(urls[i % 2], messages)[0], range(8)))
+        assert summarizer.calls == 1
+        assert all("summary" in header.split(",") for header in headers)  # the others waited for it
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(10)
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/healthz", timeout=1) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
