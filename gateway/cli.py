@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from gateway import __version__
 from gateway.settings import CONFIG_ENV, ConfigError, Settings, is_loopback, load_settings, redact_url
+
+if TYPE_CHECKING:
+    from gateway.compress.fit import DroppedSpan, FitResult
 
 log = logging.getLogger("gateway")
 
@@ -34,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     size.add_argument("--window", type=int, help="context window; the budget is derived as the gateway does")
     size.add_argument("--budget", type=int, help="prompt token budget to fit into")
     compress.add_argument("--aggressive", action="store_true", help="leave extra headroom")
+    compress.add_argument(
+        "--summarizer-url", help="summarize dropped turns with this chat-completions base URL (…/v1)"
+    )
+    compress.add_argument("--summarizer-model", default="gpt-4o-mini", help="the summarizer's model")
     compress.add_argument(
         "file", help="chat-completions request body or bare message list (JSON); - for stdin"
     )
@@ -137,10 +145,19 @@ def _compress(args: argparse.Namespace) -> int:
     tokens = counter.request(body)
     fixed = tokens - counter.messages(body["messages"])
     budget = args.budget if args.window is None else BudgetSettings().usable(args.window, body)
-    try:
-        result = fit(
-            body["messages"], model=args.model, budget_tokens=budget - fixed, aggressive=args.aggressive
+    def fitted(summaries: dict[str, str]) -> FitResult:
+        return fit(
+            body["messages"],
+            model=args.model,
+            budget_tokens=budget - fixed,
+            aggressive=args.aggressive,
+            summaries=summaries,
         )
+
+    try:
+        result = fitted({})
+        if args.summarizer_url and result.spans:
+            result = fitted(asyncio.run(_summaries(args, result.spans)))
     except ContextBudgetExceeded as exc:
         print(f"context-gateway: cannot fit: {exc}", file=sys.stderr)
         return 1
@@ -152,7 +169,27 @@ def _compress(args: argparse.Namespace) -> int:
         f"stages: {', '.join(result.stages) or 'none'}; messages dropped: {result.messages_dropped}",
         file=sys.stderr,
     )
+    for span in result.spans:  # the account each marker carries is in the output above
+        print(
+            f"dropped span {span.key[:12]}: {len(span.messages)} messages, "
+            f"{span.account or 'no account'} within {span.room} tokens",
+            file=sys.stderr,
+        )
     return 0
+
+
+async def _summaries(args: argparse.Namespace, spans: Sequence[DroppedSpan]) -> dict[str, str]:
+    """Summaries of the dropped spans from the summarizer at --summarizer-url (inline, nothing cached)."""
+    from gateway.settings import SummarizerSettings, UpstreamSettings
+    from gateway.store import MemoryStore
+    from gateway.summarize import Summarizer
+
+    settings = SummarizerSettings(model=args.summarizer_model, base_url=args.summarizer_url, mode="inline")
+    summarizer = Summarizer(settings, UpstreamSettings(), MemoryStore())
+    try:
+        return await summarizer.wait_for(spans)
+    finally:
+        await summarizer.close()
 
 
 def _count(args: argparse.Namespace) -> int:

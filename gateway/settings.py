@@ -243,6 +243,8 @@ def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
         problems.append(f"{where}.model must be a model name (at most 256 printable characters)")
     if summarizer.base_url:
         url_problem = http_url_problem(summarizer.base_url)
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in summarizer.base_url):
+            url_problem = "must not contain control characters"
         if url_problem:
             problems.append(f"{where}.base_url {url_problem}")
     if summarizer.mode not in SUMMARIZER_MODES:

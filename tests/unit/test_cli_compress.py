@@ -84,3 +84,45 @@ def test_compress_an_agent_loop_keeps_the_newest_result(
     assert validate_chat_messages(sent) is None
     assert sent[:2] == messages[:2] and sent[-2:] == messages[-3:-1]
     assert "omitted" in sent[3]["content"]
+
+
+def _chat_body(turns: int) -> dict[str, object]:
+    messages: list[dict[str, object]] = [{"role": "system", "content": "Be brief."}]
+    for turn in range(turns):
+        messages += [
+            {"role": "user", "content": f"Always tag release R-{turn:03d}. " + "Context. " * 80},
+            {"role": "assistant", "content": f"Tagged R-{turn:03d}. " + "Details. " * 80},
+        ]
+    messages.append({"role": "user", "content": "Which releases are tagged?"})
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def test_compress_shows_the_digest_of_what_it_dropped(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(_chat_body(30)))
+    assert main(["compress", "--model", "gpt-4o", "--budget", "4000", str(request)]) == 0
+    captured = capsysbinary.readouterr()
+    marker = next(
+        m["content"] for m in orjson.loads(captured.out)["messages"] if "what they held" in m["content"]
+    )
+    assert "The user said:\n- Always tag release R-" in marker
+    assert "digest within" in captured.err.decode()
+
+
+def test_compress_calls_a_summarizer_when_given_its_url(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    from tests.fakes.summarizer import serve_summarizer
+
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(_chat_body(30)))
+    with serve_summarizer() as fake:
+        argv = ["compress", "--model", "gpt-4o", "--budget", "4000", "--summarizer-url", fake.base_url]
+        assert main([*argv, str(request)]) == 0
+    captured = capsysbinary.readouterr()
+    marker = next(
+        m["content"] for m in orjson.loads(captured.out)["messages"] if "what they held" in m["content"]
+    )
+    assert fake.calls == 1 and "\nNotes: " in marker and "summary within" in captured.err.decode()
