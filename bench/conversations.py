@@ -357,3 +357,75 @@ def loop_requests(loop: AgentLoop) -> list[list[Message]]:
     """The requests an agent sends: after its task, then after every step's results."""
     ends = [*loop.step_starts[1:], len(loop.messages)]
     return [loop.messages[: loop.step_starts[0]]] + [loop.messages[:end] for end in ends]
+
+
+@dataclass(frozen=True)
+class Stated:
+    """A conversation with facts planted the way users state them (bench/quality.py --digest).
+
+    `kept` are codes that should survive; `stale` is a value the user later
+    corrected (to `kept["corrected"]`), which should not reach the model without it.
+    """
+
+    name: str
+    messages: list[Message]
+    kept: dict[str, str]
+    stale: str
+
+
+STATED_KINDS = ("rule", "preference", "deadline", "corrected", "decision", "tool_error")
+
+
+def stated(kind: str, seed: int, turns: int = 24) -> Stated:
+    """A generated conversation (`conversation`) with rules and preferences stated early, a value
+    stated and later corrected, a decision taken mid-way and an error met in a tool result.
+
+    Each statement sits inside a longer user (or assistant) message, as people write; in the
+    bilingual kind the user states them in Chinese, with no spaces between words.
+    """
+    base = conversation(kind, seed, turns=turns)
+    rng = random.Random(f"stated-{kind}-{seed}")
+    codes = {k: _code(rng, k[:4].upper()) for k in STATED_KINDS}
+    stale = _code(rng, "CORR")
+    zh = kind == "bilingual"
+    said = {
+        "rule": f"永远不要修改 {codes['rule']} 集群的配置。"
+        if zh
+        else f"Never touch the {codes['rule']} cluster.",
+        "preference": f"我希望所有回答都引用工单 {codes['preference']}。"
+        if zh
+        else f"I prefer that every answer cites ticket {codes['preference']}.",
+        "deadline": f"截止日期是 {codes['deadline']}，必须在此之前完成。"
+        if zh
+        else f"The deadline is {codes['deadline']}, we must ship before it.",
+        "original": f"发布分支是 {stale}。" if zh else f"The release branch is {stale}.",
+        "corrected": f"更正：发布分支是 {codes['corrected']}。"
+        if zh
+        else f"Correction: the release branch is {codes['corrected']}.",
+    }
+    messages = [dict(m) for m in base.messages]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user" and isinstance(m["content"], str)]
+    assistants = [
+        i for i, m in enumerate(messages) if m["role"] == "assistant" and isinstance(m["content"], str)
+    ]
+
+    def plant(index: int, text: str) -> None:
+        words = messages[index]["content"].split(". ")
+        middle = len(words) // 2
+        messages[index]["content"] = ". ".join([*words[:middle], text.rstrip("."), *words[middle:]])
+
+    plant(users[1], said["rule"])
+    plant(users[3], said["preference"])
+    plant(users[5], said["deadline"])
+    plant(users[6], said["original"])
+    plant(users[len(users) * 3 // 5], said["corrected"])
+    plant(assistants[len(assistants) // 2], f"We decided to go with the {codes['decision']} approach.")
+    calls = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+    if calls:
+        index = calls[len(calls) // 2]
+        messages[index]["content"] = (
+            str(messages[index]["content"]) + f"\nError: connection refused by {codes['tool_error']}\n"
+        )
+    else:
+        codes.pop("tool_error")
+    return Stated(kind, messages, codes, stale)

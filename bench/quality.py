@@ -15,6 +15,15 @@ results at full size, which become old and compressed at the next turn).
 It ends with the time to fit a ~1M-token conversation into 128k against the
 time to merely count it once.
 
+With --digest it prints only the digest table: conversations with facts
+planted the way users state them (bench/conversations.py `stated`: a rule,
+a preference and a deadline early, a value stated then corrected, a decision
+mid-conversation, an error in a tool result), at 1/2, 1/4 and 1/10 of their
+size, fitted with the digest on (the default) and off (a bare marker, as
+before), beside two baselines: survival % of each planted code; `stale`, the
+% of fits that keep the old value without its correction (the model would act
+on it); `in-acct`, the % whose accounts (digest markers) carry the old value.
+
 Baselines, implemented here:
   keep-newest      system messages + the newest messages that fit
   middle-out       delete whole messages from the middle outward until it fits (OpenRouter)
@@ -38,16 +47,19 @@ import orjson
 import gateway  # noqa: F401  (offline tiktoken)
 from bench.conversations import (
     KINDS,
+    STATED_KINDS,
     AgentLoop,
     Conversation,
     Message,
+    Stated,
     agent_loop,
     conversation,
     growing,
     huge,
     loop_requests,
+    stated,
 )
-from gateway.compress import ContextBudgetExceeded, fit
+from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
 from tests.fakes.validation import validate_chat_messages
 
@@ -62,6 +74,11 @@ Method = Callable[[list[Message], int], list[Message]]
 
 def gateway_fit(messages: list[Message], budget: int) -> list[Message]:
     return list(fit(messages, model=MODEL, budget_tokens=budget).messages)
+
+
+def gateway_fit_without_digest(messages: list[Message], budget: int) -> list[Message]:
+    options = CompressionOptions(digest_ratio=0.0)
+    return list(fit(messages, model=MODEL, budget_tokens=budget, options=options).messages)
 
 
 def keep_newest(messages: list[Message], budget: int) -> list[Message]:
@@ -310,6 +327,55 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
         print()
 
 
+DIGEST_RATIOS = (2.0, 4.0, 10.0)
+DIGEST_METHODS: dict[str, Method] = {
+    "gateway+digest": gateway_fit,
+    "gateway, no digest": gateway_fit_without_digest,
+    "keep-newest": keep_newest,
+    "middle-out": middle_out,
+}
+
+
+def evaluate_stated(method: Method, conversations: list[Stated], ratio: float) -> dict[str, float]:
+    rows: dict[str, list[float]] = {key: [] for key in ("fits", "valid", "stale", "in-acct", *STATED_KINDS)}
+    for conv in conversations:
+        budget = int(COUNTER.messages(conv.messages) / ratio)
+        out, _ = timed(method, conv.messages, budget)
+        fits = out is not None and COUNTER.messages(out) <= budget
+        rows["fits"].append(float(fits))
+        rows["valid"].append(float(out is not None and validate_chat_messages(out) is None))
+        dumped = orjson.dumps(out).decode() if out else ""
+        for kind, code in conv.kept.items():
+            rows[kind].append(float(fits and code in dumped))
+        rows["stale"].append(float(conv.stale in dumped and conv.kept["corrected"] not in dumped))
+        accounts = [str(m.get("content")) for m in out or [] if "what they held" in str(m.get("content"))]
+        rows["in-acct"].append(float(any(conv.stale in account for account in accounts)))
+    return {key: 100 * statistics.fmean(values) if values else 0.0 for key, values in rows.items()}
+
+
+def print_digest(seeds: int) -> None:
+    conversations = [stated(kind, seed) for kind in CONVERSATION_KINDS for seed in range(seeds)]
+    header = (
+        f"{'budget':>7} {'method':<19} {'fits':>5} {'valid':>5} "
+        + " ".join(f"{k:>10}" for k in STATED_KINDS)
+        + f" {'all':>5} {'stale':>5} {'in-acct':>7}"
+    )
+    print(f"{len(conversations)} conversations with user-stated facts\n")
+    print(header)
+    print("-" * len(header))
+    for ratio in DIGEST_RATIOS:
+        for name, method in DIGEST_METHODS.items():
+            r = evaluate_stated(method, conversations, ratio)
+            mean = statistics.fmean(r[k] for k in STATED_KINDS)
+            print(
+                f"{'1/' + format(ratio, 'g'):>7} {name:<19} {r['fits']:5.0f} {r['valid']:5.0f} "
+                + " ".join(f"{r[k]:10.0f}" for k in STATED_KINDS)
+                + f" {mean:5.0f} {r['stale']:5.0f} {r['in-acct']:7.0f}",
+                flush=True,
+            )
+        print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -326,7 +392,11 @@ def main() -> None:
     )
     parser.add_argument("--growing-steps", type=int, default=80, help="steps of the growing loops")
     parser.add_argument("--only-loops", action="store_true", help="print only the agent-loop table")
+    parser.add_argument("--digest", action="store_true", help="print only the digest on/off table")
     args = parser.parse_args()
+    if args.digest:
+        print_digest(args.seeds)
+        return
     methods = {name: METHODS[name] for name in args.methods.split(",")}
     loop_methods = {name: method for name, method in methods.items() if name in LOOP_METHODS}
     steps = [int(n) for n in args.loop_steps.split(",")]

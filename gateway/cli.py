@@ -187,7 +187,7 @@ async def _summaries(args: argparse.Namespace, spans: Sequence[DroppedSpan]) -> 
     settings = SummarizerSettings(model=args.summarizer_model, base_url=args.summarizer_url, mode="inline")
     summarizer = Summarizer(settings, UpstreamSettings(), MemoryStore())
     try:
-        return await summarizer.wait_for(spans)
+        return await summarizer.wait_for(spans, args.model)
     finally:
         await summarizer.close()
 

@@ -110,17 +110,17 @@ async def _with_summaries(
     summaries = await summarizer.cached(plan.spans)
     missing = [span for span in plan.spans if span.key not in summaries]
     if missing and not summarizer.background:
-        summaries.update(await summarizer.wait_for(missing))
+        summaries.update(await summarizer.wait_for(missing, chat.model))
     elif missing:
         for span in missing:
-            runtime.in_background(_make(summarizer, span))
-    if not summaries:
+            runtime.in_background(_make(summarizer, span, chat.model))
+    if not any(summaries.values()):  # ("": a span whose summary failed; it keeps the digest)
         return plan
     return await _fit(runtime, chat, counter, tokens, budget, summaries)
 
 
-async def _make(summarizer: Summarizer, span: DroppedSpan) -> None:
-    await summarizer.make(span)
+async def _make(summarizer: Summarizer, span: DroppedSpan, model: str) -> None:
+    await summarizer.make(span, model)
 
 
 def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:

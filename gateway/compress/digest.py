@@ -4,19 +4,22 @@ When the drop stage removes turns (or old steps of an agent loop), the marker
 standing for them carries this digest instead of a bare count. No model is
 involved: it is pure, deterministic and linear in the span's size.
 
-What goes in, by priority (a bounded token share is filled in this order, and
-each section is then printed in the conversation's order):
-  1 instructions  the user's own sentences, verbatim: first those carrying an
-                  instruction cue (must/never/always/don't, deadlines, prefer...,
-                  in several languages), then the other short ones. What a user
-                  writes briefly in any language is mostly a request, a rule or a
-                  decision, so shortness is the language-neutral core and cue
-                  words only rank within it.
-  2 facts         sentences or lines of assistant and tool messages that carry
-                  identifiers, numbers, paths, URLs or errors (any script: the
-                  evidence is digits, ASCII identifiers and punctuation, not words),
-                  decisions ranked first.
-  3 tool calls    by name and their short arguments, repeats counted.
+Three sections, each printed in the conversation's order:
+  The user said       the user's own sentences, verbatim
+  Facts and decisions sentences or lines of assistant and tool messages that
+                      carry identifiers, numbers, paths, URLs or errors (any
+                      script: the evidence is digits, ASCII identifiers and
+                      punctuation, not words), or a decision
+  Tool calls          by name and their short arguments, repeats counted
+A bounded token share is filled by rank, newest first within a rank:
+  0 user sentences with an instruction cue (must/never/always/don't, prefer,
+    deadlines... in several languages: a bonus layer on the core below)
+  1 user sentences carrying a fact; decisions and errors the assistant states
+  2 errors and decisions in tool output; tool calls
+  3 other facts the assistant states
+  4 facts in tool output; the user's other short sentences (what a user writes
+    briefly, in any language, is mostly a request, a rule or a decision)
+  5 the user's long sentences
 
 Supersession: a statement "subject = value" (is / : / = / set ... to / 是 / は
 ...) retires every earlier sentence that states the same subject, and every
@@ -48,40 +51,53 @@ ARG_CHARS = 60  # tool-call arguments longer than this are elided
 
 # Sentence ends: Latin punctuation before a space, CJK punctuation anywhere, line breaks.
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])|\n+")
+
+
 # Language-specific cue words: a bonus layer that ranks instructions above other user sentences.
-_CUES = re.compile(
-    r"\b(?:must|mustn't|never|always|don't|do not|should|shouldn't|please|make sure|ensure|avoid|"
-    r"only|prefer|preferably|instead|deadline|due|by (?:monday|tuesday|wednesday|thursday|friday|"
-    r"saturday|sunday|tomorrow|tonight|eod)|required?|forbidden|no more|stop|keep|use|answer|reply|"
-    r"respond|write|important|remember|rule|constraint|"
-    r"jamais|toujours|doit|doivent|il faut|ne pas|s'il te plaît|s'il vous plaît|réponds?|"
-    r"nie|niemals|immer|muss|müssen|bitte|nicht|"
-    r"nunca|siempre|debe|deben|por favor|no\s+\w+|"
-    r"sempre|mai|deve|devono|"
-    r"никогда|всегда|должен|должны|нельзя|пожалуйста)\b"
-    r"|必须|务必|不要|不能|不得|禁止|别|总是|始终|永远|一定|请|截止|之前|优先|"
-    r"必ず|しないで|してください|禁止|常に|絶対|締め切り|までに|"
-    r"반드시|하지 마|항상|절대|마감",
-    re.IGNORECASE,
+# Words are matched whole (a set lookup per word), phrases and CJK cues as substrings.
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
+_CUE_WORDS = _words(
+    "must mustn't never always don't should shouldn't please ensure avoid only prefer "
+    "preferably instead deadline due require required forbidden stop keep use answer reply "
+    "respond write important remember rule constraint jamais toujours doit doivent réponds "
+    "réponde nie niemals immer muss müssen bitte nicht nunca siempre debe deben sempre mai "
+    "deve devono никогда всегда должен должны нельзя пожалуйста"
 )
-_DECISION = re.compile(
-    r"\b(?:decided|decide|decision|we'll use|we will use|let's use|going with|go with|chose|chosen|"
-    r"agreed|settled|switch(?:ed)? to|fixed|the fix|root cause|resolved|works now|"
-    r"décidé|choisi|entschieden|decidido|elegido)\b|决定|采用|选定|修复|決定|採用|修正",
-    re.IGNORECASE,
+_CUE_PHRASES = (
+    "do not", "make sure", "no more", "by monday", "by tuesday", "by wednesday", "by thursday",
+    "by friday", "by tomorrow", "by eod", "il faut", "ne pas", "s'il te plaît", "s'il vous plaît",
+    "por favor", "必须", "务必", "不要", "不能", "不得", "禁止", "别", "总是", "始终", "永远", "一定",
+    "请", "截止", "之前", "优先", "必ず", "しないで", "してください", "常に", "絶対", "締め切り",
+    "までに", "반드시", "하지 마", "항상", "절대", "마감",
+)  # fmt: skip
+_DECISION_WORDS = _words(
+    "decided decide decision chose chosen agreed settled fixed resolved décidé choisi "
+    "entschieden decidido elegido"
 )
-_ERROR = re.compile(
-    r"\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|refused|not found|"
-    r"errno|segfault|timeout|timed out|erreur|fehler)\b|错误|失败|異常|エラー|失敗|오류",
-    re.IGNORECASE,
+_DECISION_PHRASES = (
+    "we'll use", "we will use", "let's use", "going with", "go with", "switch to", "switched to",
+    "the fix", "root cause", "works now", "决定", "采用", "选定", "修复", "決定", "採用", "修正",
+)  # fmt: skip
+_ERROR_WORDS = _words(
+    "error errors exception traceback failed failure fatal panic denied refused errno "
+    "segfault timeout erreur fehler"
 )
-# Evidence of a fact in any language: a URL, a path or file name, an identifier, a number.
+_ERROR_PHRASES = ("not found", "timed out", "错误", "失败", "異常", "エラー", "失敗", "오류")
+
+
+def _cued(lower: str, words: frozenset[str], phrases: tuple[str, ...]) -> bool:
+    return any(phrase in lower for phrase in phrases) or not words.isdisjoint(_WORD.findall(lower))
+
+
+# Evidence of a fact in any language: a digit, a URL or path, an identifier (snake_case,
+# camelCase, ACRONYM) or a file name; a few cheap alternatives, tried at each position.
 _FACT = re.compile(
-    r"https?://\S+"
-    r"|(?:~|\.{1,2})?/[\w.\-]+(?:/[\w.\-]+)+"
-    r"|\b[\w\-]+\.(?:py|js|ts|tsx|go|rs|java|rb|c|h|cpp|md|json|ya?ml|toml|txt|sql|sh|html|css|csv|cfg|ini|env|lock)\b"
-    r"|\b[A-Za-z]+_[A-Za-z0-9_]+\b|\b[a-z]+[A-Z][A-Za-z0-9]*\b|\b[A-Z]{2,}[A-Z0-9_\-]*\d*\b"
-    r"|\d+(?:[.,:/\-]\d+)*"
+    r"\d|://|\w/\w|[A-Za-z]_[A-Za-z0-9]|[a-z][A-Z]|[A-Z]{2}"
+    r"|\w\.(?:py|js|ts|tsx|go|rs|java|rb|c|h|cpp|md|json|ya?ml|toml|txt|sql|sh|html|css|csv|cfg|ini|env|lock)\b"
 )
 # "subject = value": the subject is what a later statement corrects. Latin copulas take the
 # last words before them; `:`/`=` and CJK copulas the text since the previous break.
@@ -100,6 +116,10 @@ _ASSIGNMENTS = (
     re.compile(r"(?P<subject>[^\s:=：,;。，；]{1,40})\s*[:=：]\s*" + _VALUE),
     re.compile(r"(?P<subject>[^\s,;。，；：:是为は]{1,12})(?:改为|改成|应该是|是|为|は)\s*" + _VALUE),
 )
+_COPULAS = (
+    " is ", " are ", " was ", " were ", " be ", " to ", " est ", " sont ", " ist ", " sind ", " es ",
+    " son ", ":", "=", "：", "是", "为", "改为", "改成", "は",
+)  # fmt: skip
 _SUBJECT_NOISE = re.compile(
     r"^(?:the|a|an|our|my|your|its|their|this|that|le|la|les|der|die|das|el|los|las|"
     r"actually|now|so|and|but|also|correction|update|note|ok|okay)\s+",
@@ -111,7 +131,7 @@ _GENERIC_SUBJECTS = frozenset({"it", "this", "that", "there", "he", "she", "they
 @dataclass(frozen=True)
 class _Item:
     section: int  # index into SECTIONS
-    rank: int  # lower is kept first
+    rank: int  # lower is kept first (the module docstring's ranks)
     order: int  # position in the span: output order within a section
     text: str
 
@@ -130,26 +150,29 @@ def digest_lines(messages: Sequence[Message]) -> list[tuple[int, int, str]]:
             kept = 0
             for line in lines:
                 order += 1
+                lower = line.lower()
                 if user:
-                    cue = bool(_CUES.search(line))
-                    if cue or len(line) <= SHORT_USER_CHARS:
-                        items.append(_Item(0, 0 if cue else 1, order, line))
+                    if _cued(lower, _CUE_WORDS, _CUE_PHRASES):
+                        items.append(_Item(0, 0, order, line))
                     elif _FACT.search(line):
-                        items.append(_Item(1, 2, order, line))
+                        items.append(_Item(0, 1, order, line))
+                    else:
+                        items.append(_Item(0, 4 if len(line) <= SHORT_USER_CHARS else 5, order, line))
                     continue
                 if tool_output and kept >= TOOL_LINES:
                     continue
-                error = bool(_ERROR.search(line))
-                if error or _DECISION.search(line):
-                    items.append(_Item(1, 0 if not tool_output else 1, order, line))
+                if _cued(lower, _ERROR_WORDS, _ERROR_PHRASES) or _cued(
+                    lower, _DECISION_WORDS, _DECISION_PHRASES
+                ):
+                    items.append(_Item(1, 2 if tool_output else 1, order, line))
                     kept += 1
                 elif _FACT.search(line):
-                    items.append(_Item(1, 2 if not tool_output else 3, order, line))
+                    items.append(_Item(1, 4 if tool_output else 3, order, line))
                     kept += 1
         for call in _tool_calls(message):
             order += 1
             calls.setdefault(call, order)
-            items.append(_Item(2, 0, calls[call], call))
+            items.append(_Item(2, 2, calls[call], call))
     items = _supersede(items)
     # Repeated tool calls are listed once, with their count.
     counts: dict[str, int] = {}
@@ -172,14 +195,14 @@ def digest_lines(messages: Sequence[Message]) -> list[tuple[int, int, str]]:
 def digest(messages: Sequence[Message], max_tokens: int, count: Callable[[str], int]) -> str:
     """The digest of `messages` within `max_tokens` (by `count`), or "" when nothing fits.
 
-    Candidates are taken by section, then rank, then newest first within a
-    rank (the later statement is the one still in force); kept lines are
-    printed by section in the span's order. The result is re-counted whole,
+    Candidates are taken by rank, newest first within a rank (the later
+    statement is the one still in force); kept lines are printed by section
+    in the span's order. The result is re-counted whole,
     and the least important line dropped until it fits: the cap is a promise.
     """
     candidates = digest_lines(messages)
     headers = [count(header + "\n") for header in SECTIONS]
-    ranked = sorted(range(len(candidates)), key=lambda i: (candidates[i][0], candidates[i][1], -i))
+    ranked = sorted(range(len(candidates)), key=lambda i: (candidates[i][1], -i))
     chosen: list[int] = []
     used = 0
     open_sections: set[int] = set()
@@ -283,6 +306,9 @@ def _clip(text: str) -> str:
 
 def _assignment(line: str) -> tuple[str, str] | None:
     """(subject, value) of the last statement of a value in the line, normalized; None if none."""
+    lower = line.lower()
+    if not any(copula in lower for copula in _COPULAS):  # most lines state no value: skip the regexes
+        return None
     for pattern in _ASSIGNMENTS:
         matches = list(pattern.finditer(line))
         for match in reversed(matches):
@@ -335,55 +361,9 @@ def _distinctive(token: str) -> bool:
     return any(not ch.isascii() or ch.isdigit() or ch.isupper() or ch in "./_-@:#" for ch in token)
 
 
-_FILLER = frozenset(
-    [
-        "the",
-        "and",
-        "not",
-        "but",
-        "also",
-        "very",
-        "really",
-        "just",
-        "going",
-        "being",
-        "been",
-        "done",
-        "that",
-        "this",
-        "there",
-        "what",
-        "which",
-        "when",
-        "where",
-        "who",
-        "how",
-        "why",
-        "then",
-        "than",
-        "because",
-        "probably",
-        "maybe",
-        "still",
-        "already",
-        "always",
-        "never",
-        "here",
-        "fine",
-        "good",
-        "great",
-        "correct",
-        "wrong",
-        "true",
-        "false",
-        "possible",
-        "important",
-        "necessary",
-        "able",
-        "about",
-        "for",
-        "with",
-        "from",
-        "into",
-    ]
+_FILLER = _words(
+    "the and not but also very really just going being been done that this there what which "
+    "when where who how why then than because probably maybe still already always never here "
+    "fine good great correct wrong true false possible important necessary able about for "
+    "with from into"
 )

@@ -83,7 +83,9 @@ further: it never keeps more than auto for the same budget.
 from __future__ import annotations
 
 import hashlib
+import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -646,14 +648,14 @@ class _Fitter:
         share = int(self.budget * self.options.digest_ratio)
         return min(share, sum(self._unit_size(unit) for unit in self.old[a:b]) // 2)
 
-    def _account(self, dropped: Sequence[Message], room: int) -> tuple[str, str]:
+    def _account(self, dropped: Sequence[Message], key: str, room: int) -> tuple[str, str]:
         """(kind, text) standing for a dropped run: its summary if given and within room, else its digest."""
         if room <= 0:
             return "", ""
-        summary = self.summaries.get(span_key(dropped)) if self.summaries else None
+        summary = self.summaries.get(key)
         if summary and self.counter.text(summary) <= room:
             return "summary", summary
-        text = digest(dropped, room, self.counter.text)
+        text = _digest(dropped, key, room, self.counter)
         return ("digest", text) if text else ("", "")
 
     def _spans_out(
@@ -664,10 +666,11 @@ class _Fitter:
         for a, b in self._spans(head, cut):
             dropped = self._dropped(a, b)
             room = self._room(a, b) if accounts else 0
-            kind, text = self._account(dropped, room)
+            key = span_key(dropped)
+            kind, text = self._account(dropped, key, room)
             earlier = [c for c in self.grid if a < c < b]
             previous = len(self._dropped(a, earlier[-1])) if earlier else 0
-            span = DroppedSpan(span_key(dropped), tuple(dropped), previous, room, kind)
+            span = DroppedSpan(key, tuple(dropped), previous, room, kind)
             out.append((a, span, omitted_marker(dropped, text)))
         return out
 
@@ -784,6 +787,27 @@ class _Fitter:
             messages_dropped=dropped,
             spans=tuple(span for _, span, _ in spans),
         )
+
+
+# Digests of recent spans: a span stays dropped for many requests of a conversation, and its
+# digest (linear in the span, but the span can be most of a long conversation) never changes.
+DIGEST_CACHE_SIZE = 256
+_DIGESTS: OrderedDict[tuple[str, int, str, float], str] = OrderedDict()
+_DIGESTS_LOCK = threading.Lock()  # fit runs in worker threads too
+
+
+def _digest(dropped: Sequence[Message], key: str, room: int, counter: TokenCounter) -> str:
+    cache_key = (key, room, counter.model, counter.scale)  # what the digest depends on
+    with _DIGESTS_LOCK:
+        if cache_key in _DIGESTS:
+            _DIGESTS.move_to_end(cache_key)
+            return _DIGESTS[cache_key]
+    text = digest(dropped, room, counter.text)
+    with _DIGESTS_LOCK:
+        _DIGESTS[cache_key] = text
+        if len(_DIGESTS) > DIGEST_CACHE_SIZE:
+            _DIGESTS.popitem(last=False)
+    return text
 
 
 def _trim(names: Mapping[str, str], cap: int, message: Message, cpt: float) -> Message:

@@ -36,7 +36,7 @@ from gateway.compress.fit import DroppedSpan, span_key
 from gateway.settings import SummarizerSettings, UpstreamSettings
 from gateway.store import Store
 from gateway.summarize.prompt import PROMPT_VERSION, summary_request
-from gateway.tokens.counter import counter_for
+from gateway.tokens.counter import TokenCounter, counter_for
 
 log = logging.getLogger("gateway")
 
@@ -44,6 +44,9 @@ log = logging.getLogger("gateway")
 POLL_SECONDS = 0.05
 # Summaries being made in this process at once; more spans wait for a later request.
 MAX_IN_FLIGHT = 8
+# A span whose summary failed is not tried again for this long (one attempt per span): its
+# requests use the digest. Stored as an empty summary, so every replica knows.
+FAILED_TTL_SECONDS = 600
 
 
 class SummaryFailed(Exception):
@@ -64,7 +67,6 @@ class Summarizer:
         self.headers = {"content-type": "application/json"}
         if api_key:
             self.headers["authorization"] = f"Bearer {api_key}"
-        self.counter = counter_for(settings.model)
         self._session: aiohttp.ClientSession | None = None
         self._in_flight: set[str] = set()
 
@@ -80,7 +82,11 @@ class Summarizer:
             await self._session.close()
 
     async def cached(self, spans: Iterable[DroppedSpan]) -> dict[str, str]:
-        """Summaries already in the store for these spans (span key -> text); none on a store failure."""
+        """Summaries already in the store for these spans (span key -> text); none on a store failure.
+
+        A span whose summary failed recently maps to "": not to be tried again, and `fit`
+        uses the digest for it.
+        """
         found: dict[str, str] = {}
         for span in spans:
             try:
@@ -91,21 +97,23 @@ class Summarizer:
                 return found
             if text is not None:
                 found[span.key] = text
-        metrics.SUMMARIES.labels("cache_hit").inc(len(found))
+        metrics.SUMMARIES.labels("cache_hit").inc(sum(1 for text in found.values() if text))
         return found
 
-    async def wait_for(self, spans: Iterable[DroppedSpan]) -> dict[str, str]:
+    async def wait_for(self, spans: Iterable[DroppedSpan], model: str) -> dict[str, str]:
         """Inline mode: make (or wait for) each span's summary within the timeout; what came in time."""
         deadline = time.monotonic() + self.settings.timeout
         found: dict[str, str] = {}
         for span in spans:
-            text = await self.make(span, wait_until=deadline)
+            text = await self.make(span, model, wait_until=deadline)
             if text is not None:
                 found[span.key] = text
         return found
 
-    async def make(self, span: DroppedSpan, *, wait_until: float | None = None) -> str | None:
+    async def make(self, span: DroppedSpan, model: str, *, wait_until: float | None = None) -> str | None:
         """The span's summary: from the store, or made here under the lock; None on any failure.
+
+        `model` is the conversation's: the span's room is in its tokens.
 
         Without `wait_until` (background), a span another holder is making is
         left to it. With it (inline), the store is polled until then.
@@ -119,15 +127,19 @@ class Summarizer:
         try:
             cached = await self.store.get(key)
             if cached is not None:
-                return cached
+                return cached or None
             if not mine or not await self.store.add(lock, token, int(self.settings.timeout) + 5):
                 return await self._await_other(key, wait_until)
-            try:
-                text = await self._summarize(span)
+            try:  # the result is stored before the lock goes, so no one makes it twice
+                try:
+                    text = await self._summarize(span, counter_for(model))
+                except SummaryFailed:
+                    await self.store.set(key, "", FAILED_TTL_SECONDS)
+                    raise
                 await self.store.set(key, text, self.settings.cache_ttl)
-                return text
             finally:
                 await self.store.remove_if(lock, token)
+            return text
         except SummaryFailed as failure:
             metrics.SUMMARIES.labels("fallback").inc()
             metrics.SUMMARY_FAILURES.labels(failure.reason).inc()
@@ -146,10 +158,10 @@ class Summarizer:
             await asyncio.sleep(POLL_SECONDS)
             text = await self.store.get(key)
             if text is not None:
-                return text
+                return text or None
         return None
 
-    async def _summarize(self, span: DroppedSpan) -> str:
+    async def _summarize(self, span: DroppedSpan, counter: TokenCounter) -> str:
         """One attempt within the timeout; raises SummaryFailed with the reason."""
         messages: tuple[Any, ...] = span.messages
         earlier = None
@@ -184,10 +196,8 @@ class Summarizer:
             for kind in ("prompt_tokens", "completion_tokens"):
                 if isinstance(usage.get(kind), int):
                     metrics.SUMMARIZER_TOKENS.labels(kind.split("_")[0]).inc(usage[kind])
-        tokens = self.counter.text(text)
-        if tokens > min(self.settings.max_output_tokens, span.room) or tokens >= self.counter.messages(
-            span.messages
-        ):
+        tokens = counter.text(text)
+        if tokens > span.room or tokens >= counter.messages(span.messages):
             raise SummaryFailed("too_long")
         metrics.SUMMARIES.labels("made").inc()
         return text

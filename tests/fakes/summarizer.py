@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.fakes.serve import serve_in_thread
+from tests.fakes.tokens import count_text
 
 FACT = re.compile(r"[\w\-./]*\d[\w\-./]*")
 
@@ -45,13 +46,19 @@ class FakeSummarizer:
 
 
 def ideal_summary(messages: list[Any], max_tokens: int) -> str:
-    """Every fact seen, newest kept first when they exceed `max_tokens` (about 4 tokens a fact)."""
+    """Every fact seen; when they exceed `max_tokens` (its own count), the newest that fit."""
     seen: dict[str, None] = {}
     for message in messages[1:-1]:  # not the instructions, not the closing request
         for token in FACT.findall(orjson.dumps(message.get("content")).decode()):
             seen.setdefault(token.strip("./-"), None)
-    facts = list(seen)[-max(1, max_tokens // 5) :]
-    return "Notes: " + " ".join(facts)
+    kept: list[str] = []
+    used = count_text("Notes:")
+    for fact in reversed(seen):
+        used += count_text(" " + fact)
+        if used > max_tokens:
+            break
+        kept.append(fact)
+    return "Notes: " + " ".join(reversed(kept))
 
 
 def create_app(fake: FakeSummarizer) -> Starlette:
