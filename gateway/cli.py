@@ -58,23 +58,10 @@ class InputError(Exception):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.server.run import serve
 
     settings = load_settings(args.config)
-    host = args.host or settings.server.host
-    port = args.port or settings.server.port
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.server.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    serve(settings, host=args.host or settings.server.host, port=args.port or settings.server.port)
     return 0
 
 
