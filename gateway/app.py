@@ -65,5 +65,7 @@ def create_app(settings: Settings) -> Starlette:
         middleware=[Middleware(RequestGuard)],
         lifespan=lifespan,
     )
+    # Starlette would answer GET /v1 with a redirect to a URL built from the client's Host header.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     return app
