@@ -330,8 +330,9 @@ async def iter_body(
 
     An upstream silent for longer than ``idle_timeout``, or still sending at ``deadline``
     (event-loop time), makes the read raise TimeoutError. One watchdog timer per body
-    checks the upstream's byte count a few times per idle period, instead of a timeout armed around every chunk: it
-    measures the upstream's silence (not the client's pace) and costs nothing per chunk.
+    checks the upstream's byte count a few times per idle period, instead of a timeout armed
+    around every chunk: it measures the upstream's silence (not the client's pace) and costs
+    nothing per chunk.
     The connection is closed (not returned to the pool) unless the body was read to its
     end, so a client that goes away stops the upstream generation at once.
     """
