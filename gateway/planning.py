@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 FIT_IN_THREAD_BYTES = 256 * 1024
 # After an overflow the gateway's estimate was wrong: aim this far below the stated window.
 OVERFLOW_RETRY_HEADROOM = 0.9
+# A bisected estimate keeps at most 1/N of itself (or the safety margin) free for counting noise.
+BISECTED_MARGIN_DIVISOR = 32
 # When the upstream names no window and nothing close was accepted, aim at this share of
 # the refused demand.
 OVERFLOW_BLIND_CUT = 0.75
@@ -127,7 +129,9 @@ def bisected_budget(runtime: Runtime, chat: ChatRequest, estimate: int) -> int:
     this request asks for and the safety margin come off, not a default output reserve.
     """
     output = requested_output(chat.payload) or 0
-    return max(1, estimate - output - runtime.settings.budget.safety_margin)
+    # The margin covers counting noise, which scales with the prompt: small windows keep most of it.
+    margin = min(runtime.settings.budget.safety_margin, estimate // BISECTED_MARGIN_DIVISOR)
+    return max(1, estimate - output - margin)
 
 
 def refusal_of(chat: ChatRequest, sent: Plan, overflow: Overflow) -> Refusal:
@@ -146,7 +150,8 @@ def overflow_retry_budget(
     """A budget, in the gateway's own token units, that the upstream will accept this time.
 
     ``window`` is the stated window when it was believed (`learned_windows.judge`), else None.
-    None when compressing cannot help: the requested output alone fills the stated window.
+    None when compressing cannot help: the requested output alone fills the stated window, or
+    the refused request was smaller than any plausible window.
     When the upstream states its count of what was sent, its ratio to ours converts the stated
     window into our units (our estimate can be off for non-OpenAI tokenizers).
 
@@ -156,8 +161,11 @@ def overflow_retry_budget(
     """
     ceiling = int(sent.tokens_after * OVERFLOW_RETRY_HEADROOM)
     if window is None:
-        evidence = runtime.windows.learned.get(chat.model)
         refused = demand(chat, sent)
+        if refused < runtime.settings.windows.min_plausible_window:
+            # Smaller than any plausible window: the upstream's complaint is about something else.
+            return None
+        evidence = runtime.windows.learned.get(chat.model)
         target = int(refused * OVERFLOW_BLIND_CUT)
         if evidence is not None and evidence.accepted is not None and evidence.accepted >= target:
             target = evidence.accepted

@@ -28,6 +28,8 @@ log = logging.getLogger("gateway")
 CALIBRATION_SAVE_EVERY = 10
 # Largest model-list body read during discovery (OpenRouter's list is a few hundred KB).
 DISCOVERY_MAX_BYTES = 8 * 1024 * 1024
+# Discoveries in flight at once, over all models.
+MAX_CONCURRENT_DISCOVERIES = 8
 # Request headers that authenticate the gateway's own discovery requests to the upstream.
 DISCOVERY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
@@ -99,6 +101,10 @@ class Runtime:
         if not cfg.discovery or model in self._discovery_done:
             return
         running = self._discovering.get(model)
+        if running is None and len(self._discovering) >= MAX_CONCURRENT_DISCOVERIES:
+            # A flood of new names must not multiply upstream requests: these go undiscovered
+            # (model map, learning) and are asked about at a later sight.
+            return
         if running is None:
             credentials = {
                 name.lower(): value for name, value in headers if name.lower() in DISCOVERY_HEADERS
@@ -145,17 +151,18 @@ class Runtime:
             )
 
     def learn_from_overflow(self, model: str, refusal: Refusal) -> int | None:
-        """Record a refused request; the stated window when it is believed (see learned_windows.judge).
-
-        A window that is not believed still teaches an upper bound: the refused demand.
-        """
+        """Record a refused request; the stated window when it is believed (see learned_windows.judge)."""
         window = self.windows.learned.refused(model, refusal)
-        if refusal.stated_window is not None and window is None:
-            metrics.WINDOW_EVIDENCE.labels("implausible").inc()
+        if window is not None:
+            kind = "stated"
+        elif refusal.stated_window is not None:
+            kind = "implausible"
             log.warning(
-                "ignored an implausible window of %d tokens stated for %s", refusal.stated_window, model
+                "ignored an implausible stated window of %d tokens for %.100r", refusal.stated_window, model
             )
-        metrics.WINDOW_EVIDENCE.labels("stated" if window is not None else "refused").inc()
+        else:
+            kind = "refused"
+        metrics.WINDOW_EVIDENCE.labels(kind).inc()
         self.in_background(self.windows.learned.save(self.store, model))
         return window
 

@@ -57,8 +57,6 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(
         await read_body(request, runtime.settings.server.max_body_bytes), request.headers
     )
-    plan = await plan_request(runtime, chat)
-    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
     api_key = runtime.settings.upstream.api_key
     query = upstream_query(request.url.query, api_key=api_key)  # Azure's api-version rides on it
     upstream = Upstreaming(
@@ -66,6 +64,9 @@ async def chat_completions(request: Request) -> Response:
         url=runtime.upstream.url_for("/v1/chat/completions", query),
         gateway_credentials=bool(api_key),
     )
+    await runtime.discover(chat.model, upstream.headers)
+    plan = await plan_request(runtime, chat)
+    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
 
     attempt = await _send(runtime, chat, plan, upstream)
     retried = False

@@ -119,26 +119,24 @@ class Refusal:
 
 
 def judge(refusal: Refusal, known: Evidence | None, *, floor: int) -> int | None:
-    """The stated window if it is plausible, else None (the refusal then only bounds the window).
+    """The stated window if it is plausible, else None.
 
-    Implausible: below the floor; well below a demand the model already accepted; not
-    explaining the refusal (the stated prompt and output fit in it); or about a prompt of a
-    very different size than the one sent (an echo of some other number).
+    Implausible: below the floor; not explaining the refusal (the stated prompt and output
+    fit in it); about a prompt of a very different size than the one sent (an echo of some
+    other number); far above what was sent. A window below a demand the model already
+    accepted is believed only when the message also states the prompt it refused (a
+    redeployed server with a shorter window says both); otherwise it is an echo.
     """
     window = refusal.stated_window
-    if window is None or window < floor:
+    if window is None or window < floor or window > refusal.demand * PROMPT_RATIO_LIMIT:
         return None
-    if known is not None and known.accepted is not None and window < known.accepted * UNIT_SLACK:
+    if refusal.stated_prompt is None:
+        accepted = known.accepted if known is not None else None
+        return None if accepted is not None and window < accepted * UNIT_SLACK else window
+    if refusal.stated_prompt + (refusal.stated_output or 0) <= window:
         return None
-    if refusal.stated_prompt is not None:
-        if refusal.stated_prompt + (refusal.stated_output or 0) <= window:
-            return None
-        ratio = refusal.stated_prompt / max(1, refusal.prompt_tokens)
-        if not 1 / PROMPT_RATIO_LIMIT <= ratio <= PROMPT_RATIO_LIMIT:
-            return None
-    if window > refusal.demand * PROMPT_RATIO_LIMIT:
-        return None
-    return window
+    ratio = refusal.stated_prompt / max(1, refusal.prompt_tokens)
+    return window if 1 / PROMPT_RATIO_LIMIT <= ratio <= PROMPT_RATIO_LIMIT else None
 
 
 class LearnedWindows:
@@ -172,17 +170,25 @@ class LearnedWindows:
         return replace(self.get(model) or Evidence(), expires_at=time.time() + self.ttl_seconds)
 
     def refused(self, model: str, refusal: Refusal) -> int | None:
-        """Record an overflow; returns the stated window when it was judged plausible."""
-        window = judge(refusal, self.get(model), floor=self.floor)
+        """Record an overflow; returns the stated window when it was judged plausible.
+
+        An implausible statement teaches nothing (the message is suspect as a whole); a refusal
+        that states no window bounds it from above, unless it is below the floor.
+        """
+        known = self.get(model)
+        window = judge(refusal, known, floor=self.floor)
         evidence = self._renewed(model)
         if window is not None:
-            evidence = replace(evidence, stated=window, refused=None)
-        else:
+            accepted = evidence.accepted if evidence.accepted is None or evidence.accepted <= window else None
+            evidence = replace(evidence, stated=window, accepted=accepted, refused=None)
+        elif refusal.stated_window is None and refusal.demand >= self.floor:
             accepted = evidence.accepted
             if accepted is not None and accepted >= refusal.demand:
                 accepted = None  # the window shrank (a redeployed server): the old bound is stale
             refused = min(refusal.demand, evidence.refused or refusal.demand)
             evidence = replace(evidence, stated=None, accepted=accepted, refused=refused)
+        else:
+            return None
         self.put(model, evidence)
         return window
 

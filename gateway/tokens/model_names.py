@@ -15,7 +15,9 @@ first level that finds anything:
    Ollama's `:tag` folded in, and case and separators ignored
    (`claude-3.5-sonnet` = `claude-3-5-sonnet` = `Claude_3_5_Sonnet`);
 3. `alias`: the same with trailing snapshot dates and `latest` dropped on both
-   sides (`gpt-4o-2024-08-06` ↔ `gpt-4o`, `mistral-large-latest` ↔ `mistral-large-2411`).
+   sides (`gpt-4o-2024-08-06` ↔ `gpt-4o`, `mistral-large-latest` ↔ `mistral-large-2411`);
+4. `instruct`: the spelling with `instruct` appended, the model servers like Ollama serve
+   under the bare name (`qwen2.5:7b` = `Qwen2.5-7B-Instruct`).
 
 Within a level, entries that share a provider with the name (a path prefix such as
 `groq/`, or a provider the model is named after, `mistral-large`) are preferred;
@@ -37,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-MatchLevel = Literal["exact", "spelling", "alias"]
+MatchLevel = Literal["exact", "spelling", "alias", "instruct"]
 
 CHAT_MODES: Final = frozenset({"chat", "completion", "responses"})
 
@@ -191,6 +193,8 @@ class ModelNameIndex:
         levels: tuple[tuple[MatchLevel, dict[str, list[_Entry]], str], ...] = (
             ("spelling", self._spelling, parts.spelling),
             ("alias", self._alias, parts.alias),
+            # Ollama and others serve the instruct model under the bare name (`qwen2.5:7b`).
+            ("instruct", self._spelling, parts.spelling + "instruct"),
         )
         for level, table, key in levels:
             found = table.get(key) if key else None
