@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from gateway.overflow import detect_silent_truncation
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.tokens import discovery
-from gateway.tokens.calibration import Calibration
+from gateway.tokens.calibration import MAX_MODELS, Calibration
 from gateway.tokens.counter import CALIBRATION, counter_for
 from gateway.tokens.discovery import discover_window
 from gateway.tokens.expiring import ExpiringLRU
@@ -43,8 +44,9 @@ class Runtime:
     calibration: Calibration
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
-    # Models whose learned state was read from the store by this process.
-    _loaded: set[str] = field(default_factory=set)
+    # Models whose calibration this process read from the store, most recent last (bounded:
+    # model names come from clients; an evicted one is simply read again).
+    _loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # Models whose learned and discovered windows were read from the store lately (entries
     # expire after windows.store_refresh_seconds); bounded LRUs.
     _refreshed: ExpiringLRU[bool] = field(init=False)
@@ -83,14 +85,18 @@ class Runtime:
 
     async def load_learned(self, model: str) -> None:
         """Adopt what other replicas learned: the window every `windows.store_refresh_seconds`
-        (so a `windows forget` reaches every replica), the calibration once per process."""
+        (so a `windows forget` reaches every replica), the calibration once per model and process."""
         try:
             if model not in self._refreshed:
                 self._refreshed.put(model, True, time.time() + self.settings.windows.store_refresh_seconds)
                 await self.windows.learned.load(self.store, model)
-            if model not in self._loaded:
-                self._loaded.add(model)
-                await self.calibration.load(self.store, model)
+            if model in self._loaded:
+                self._loaded.move_to_end(model)
+                return
+            self._loaded[model] = None
+            if len(self._loaded) > MAX_MODELS:
+                self._loaded.popitem(last=False)
+            await self.calibration.load(self.store, model)
         except Exception as exc:  # a store outage must not fail requests
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
@@ -176,7 +182,7 @@ class Runtime:
         if reported is None:
             return False
         if detect_silent_truncation(estimated, reported):
-            metrics.SILENT_TRUNCATIONS.labels(model).inc()
+            metrics.SILENT_TRUNCATIONS.labels(self.model_label(model)).inc()
             log.warning("upstream for %s counted %d prompt tokens of ~%d sent", model, reported, estimated)
             return True
         if not counter_for(model).exact:
@@ -184,6 +190,13 @@ class Runtime:
             if self.calibration.samples(model) % CALIBRATION_SAVE_EVERY == 1:
                 self.in_background(self.calibration.save(self.store, model))
         return False
+
+    def model_label(self, model: str) -> str:
+        """A metric label value: models the operator or litellm's map knows by name, else "other".
+
+        Clients invent model names at will; each label value is a time series forever.
+        """
+        return model if self.windows.known(model) else "other"
 
     def in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run a store write without holding up the answer; failures are logged, never raised."""

@@ -121,6 +121,11 @@ class WindowResolver:
         )
         self._static: OrderedDict[str, ResolvedWindow] = OrderedDict()
 
+    def known(self, model: str) -> bool:
+        """Named, exactly, in the configuration or in litellm's map: a bounded set of names
+        (the fuzzy spellings `resolve_window` accepts are not: any number of them match)."""
+        return model in self._overrides or model in self.model_map.windows()
+
     def resolve_window(self, model: str) -> ResolvedWindow:
         static = self._resolve_static(model)
         if static.source == "config":
