@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
-import time
 import tracemalloc
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+from count import median_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -213,18 +211,9 @@ def resolution_table() -> None:
     )
 
 
-def median_of(runs: int, work: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def index_cost(runs: int) -> None:
     print("(b) the name index: built once at start-up\n")
-    build = median_of(runs, lambda: ModelMap().index())
+    build = median_seconds(lambda: ModelMap().index(), runs)
     gc.collect()
     tracemalloc.start()
     model_map = ModelMap()
@@ -247,7 +236,7 @@ def index_cost(runs: int) -> None:
         "hostile: 'a.' x 50,000 (100,000 chars)": "a." * 50_000,
     }
     for label, name in lookups.items():
-        per = median_of(max(5, runs), lambda name=name: index.lookup(name))  # type: ignore[misc]
+        per = median_seconds(lambda name=name: index.lookup(name), max(5, runs))  # type: ignore[misc]
         print(f"| {'lookup, ' + label:<48} | {per * 1e6:>9.1f} µs |")
     print()
 

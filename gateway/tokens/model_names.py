@@ -126,6 +126,16 @@ def suffixes(name: str, max_segments: int) -> list[str]:
     return [suffix for suffix in dict.fromkeys(found) if suffix]
 
 
+def first_suffix_match(table: Mapping[str, int], name: str, max_segments: int) -> int | None:
+    """The value of the longest suffix of ``name`` in ``table``, as given, then in lower case."""
+    for spelling in (name, name.lower()):
+        for suffix in suffixes(spelling, max_segments):
+            window = table.get(suffix)
+            if window is not None:
+                return window
+    return None
+
+
 class ModelNameIndex:
     """Windows by exact key, by spelling and by alias; built once from the model map."""
 
@@ -175,12 +185,7 @@ class ModelNameIndex:
         return len(self._exact)
 
     def exact(self, name: str) -> int | None:
-        for spelling in (name, name.lower()):
-            for suffix in suffixes(spelling, self._max_segments):
-                window = self._exact.get(suffix)
-                if window is not None:
-                    return window
-        return None
+        return first_suffix_match(self._exact, name, self._max_segments)
 
     def lookup(self, name: str) -> NameMatch | None:
         window = self.exact(name)

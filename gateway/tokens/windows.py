@@ -35,7 +35,7 @@ from gateway.offline import litellm_package_dir
 from gateway.tokens.discovery import Discovered
 from gateway.tokens.expiring import ExpiringLRU
 from gateway.tokens.learned_windows import LearnedWindows
-from gateway.tokens.model_names import ModelNameIndex, suffixes
+from gateway.tokens.model_names import ModelNameIndex, first_suffix_match
 
 MODEL_MAP_FILE: Final = "model_prices_and_context_window_backup.json"
 # Resolutions of names against config and the model map, kept per resolver (bounded: names
@@ -145,12 +145,7 @@ class WindowResolver:
         return static
 
     def configured(self, model: str) -> int | None:
-        for spelling in (model, model.lower()):
-            for name in suffixes(spelling, self._override_segments):
-                window = self._overrides.get(name)
-                if window is not None:
-                    return window
-        return None
+        return first_suffix_match(self._overrides, model, self._override_segments)
 
     def _resolve_static(self, model: str) -> ResolvedWindow:
         """Config, else the model map: pure functions of the name, so cached (LRU)."""
