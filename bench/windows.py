@@ -297,6 +297,7 @@ def no_numbers_run() -> None:
             print('an overflow error echoing a tiny number ("maximum context length is 20 tokens"),')
             print("then 10 more requests for the same model\n")
             fake.window = None
+            fake.overflow_style = "openai"
             fake.stated_window = 20
             fake.faults = ["overflow"]
             answers = growing(f"{gateway_url}/v1", "gpt-4o-mini", 11, words=400, max_tokens=None)

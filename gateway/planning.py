@@ -134,13 +134,14 @@ def bisected_budget(runtime: Runtime, chat: ChatRequest, estimate: int) -> int:
     return max(1, estimate - output - margin)
 
 
-def refusal_of(chat: ChatRequest, sent: Plan, overflow: Overflow) -> Refusal:
+def refusal_of(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> Refusal:
     return Refusal(
         demand=demand(chat, sent),
         prompt_tokens=sent.tokens_after,
         stated_window=overflow.window,
         stated_prompt=overflow.prompt_tokens,
         stated_output=overflow.requested_output,
+        expected_window=runtime.windows.reference_window(chat.model),
     )
 
 

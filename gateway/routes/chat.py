@@ -74,7 +74,7 @@ async def chat_completions(request: Request) -> Response:
     retry_budget = None
     believed = None
     if first_overflow is not None and chat.mode != "off":
-        believed = runtime.learn_from_overflow(chat.model, refusal_of(chat, plan, first_overflow))
+        believed = runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, plan, first_overflow))
         retry_budget = overflow_retry_budget(runtime, chat, plan, first_overflow, believed)
     if first_overflow is not None and retry_budget is not None:
         retried = True
@@ -83,7 +83,7 @@ async def chat_completions(request: Request) -> Response:
         attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
-            runtime.learn_from_overflow(chat.model, refusal_of(chat, retry_plan, attempt.overflow))
+            runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
             attempt.reply.close()
             raise GatewayError(
                 400,

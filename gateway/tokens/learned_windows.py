@@ -41,6 +41,8 @@ CONVERGED_SHARE: Final = 1 / 32
 # what the model already accepted, or a stated prompt this far from what was sent, is an echo.
 UNIT_SLACK: Final = 0.8
 PROMPT_RATIO_LIMIT: Final = 2.0
+# A refusal stating no window below this share of the model's known window is not believed.
+MIN_REFUSED_SHARE: Final = 0.5
 # A rising accepted bound is written to the store only after growing this share of the window
 # estimate: a growing conversation would otherwise write on every turn.
 PERSIST_GROWTH: Final = 1 / 64
@@ -116,6 +118,9 @@ class Refusal:
     stated_window: int | None
     stated_prompt: int | None
     stated_output: int | None
+    # The window the gateway used for this model before the refusal (config, discovered or the
+    # model map), if any.
+    expected_window: int | None = None
 
 
 def judge(refusal: Refusal, known: Evidence | None, *, floor: int) -> int | None:
@@ -181,7 +186,7 @@ class LearnedWindows:
         if window is not None:
             accepted = evidence.accepted if evidence.accepted is None or evidence.accepted <= window else None
             evidence = replace(evidence, stated=window, accepted=accepted, refused=None)
-        elif refusal.stated_window is None and refusal.demand >= self.floor:
+        elif refusal.stated_window is None and self._plausible_bound(refusal):
             accepted = evidence.accepted
             if accepted is not None and accepted >= refusal.demand:
                 accepted = None  # the window shrank (a redeployed server): the old bound is stale
@@ -191,6 +196,14 @@ class LearnedWindows:
             return None
         self.put(model, evidence)
         return window
+
+    def _plausible_bound(self, refusal: Refusal) -> bool:
+        """A refusal stating no window bounds it only when it is not below the floor, nor far below
+        the window the model is otherwise known to have (one odd error must not cap a model)."""
+        if refusal.demand < self.floor:
+            return False
+        expected = refusal.expected_window
+        return expected is None or refusal.demand >= expected * MIN_REFUSED_SHARE
 
     def accepted(self, model: str, demand: int) -> bool:
         """Record an accepted request; True when the change is worth writing to the store."""

@@ -144,6 +144,14 @@ class WindowResolver:
             return ResolvedWindow(found.window, "discovered", found.server)
         return static
 
+    def reference_window(self, model: str) -> int | None:
+        """What the model is known to have apart from overflow errors: config, discovered, map."""
+        static = self._resolve_static(model)
+        if static.source == "config":
+            return static.tokens
+        found = self.discovered.get(model)
+        return found.window if found is not None else static.tokens
+
     def configured(self, model: str) -> int | None:
         return first_suffix_match(self._overrides, model, self._override_segments)
 

@@ -102,11 +102,14 @@ def test_no_numbers_overflow_converges_on_a_growing_conversation(
     assert fitted == list(range(retried[-1] + 2, 60, 2))
 
 
+@pytest.mark.parametrize("style", ["openai", "anthropic", "openai_new"])
 def test_a_tiny_echoed_window_does_not_poison_the_model(
-    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, style: str
 ) -> None:
-    """An overflow error echoing a client's number ("maximum context length is 20 tokens") is
-    not believed: the request recovers and later requests of every client go through."""
+    """An overflow error echoing a client's number ("maximum context length is 20 tokens"), or
+    one odd error stating none far below the model's known window, is not believed: the request
+    recovers and later requests of every client go through untouched."""
+    fake_upstream.overflow_style = style  # type: ignore[assignment]
     fake_upstream.stated_window = 20
     fake_upstream.faults = ["overflow"]
     url = start_gateway()

@@ -65,9 +65,14 @@ def test_a_poisoned_statement_teaches_nothing() -> None:
         40_000,
     )
     assert learned.estimate("m") is None  # nothing bounds the window: the model map still decides
-    # A refusal stating no window below the floor is no bound either.
+    # A refusal stating no window below the floor is no bound either,
     assert learned.refused("m", refusal(500)) is None
     assert learned.estimate("m") is None
+    # nor one far below the window the model is known to have (config, discovery, model map).
+    assert learned.refused("m", Refusal(5_000, 5_000, None, None, None, expected_window=128_000)) is None
+    assert learned.estimate("m") is None
+    learned.refused("m", Refusal(130_000, 130_000, None, None, None, expected_window=128_000))
+    assert learned.estimate("m") is not None
 
 
 def simulate_growing_conversation(window: int, turns: int, growth: int) -> tuple[int, int, int]:
