@@ -615,7 +615,7 @@ class _Fitter:
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
-        first = [i for i in indices if i not in last]
+        first = [i for i in indices if newest is None or i < newest.start]
         floor = self.options.protected_floor_tokens
         shrunk: dict[int, Message] = {}
         best = self.before
@@ -637,23 +637,24 @@ class _Fitter:
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
 
     def _shrink_protected(self, index: int, cap: int) -> Message:
-        """The message trimmed to about `cap` tokens, never fewer (the floor is a promise).
+        """The message trimmed to about `cap` tokens, never below the floor (a promise).
 
         The character limit comes from the message's density, which a trim
         can change (it keeps whole lines and sentences, which may be denser
-        than the average): when the result falls short of the cap, the limit
+        than the average): when the result falls below the floor, the limit
         is scaled up and the trim redone; a message that cannot be trimmed to
-        at least the cap is kept whole.
+        at least the floor is kept whole.
         """
+        floor = self.options.protected_floor_tokens
         original = self.messages[index]
         cpt = self._chars_per_token(index)
         limit = int(cap * cpt)
         for _ in range(8):
             message = truncate_message(_trim(self.names, int(limit / cpt), original, cpt), limit, cpt)
             tokens = self.counter.message(message)
-            if tokens >= cap or message is original:
+            if tokens >= floor or message is original:
                 return message
-            limit = int(limit * cap / max(1, tokens)) + 16
+            limit = int(limit * floor / max(1, tokens)) + 16
         return original
 
     # -- output -----------------------------------------------------------
