@@ -39,8 +39,8 @@ prompt, the latest user message and the newest step cannot fit at the floor.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every
-request. Each rung of stages 1–4 applies to the whole history before the
-latest turn or not at all: on a growing conversation the previous compressed
+request. Each rung of stages 1–4 applies to the whole history (older turns
+and older steps alike) or not at all: on a growing conversation the previous compressed
 prompt is then reproduced byte for byte, followed by the newly old messages
 in compressed form, and the prefix only breaks when the rung changes. Applying
 a rung oldest-first up to a moving cut was measured to break the prefix at the
@@ -444,7 +444,7 @@ class _Fitter:
         Decisions depend on the budget, never on the aggressive target, so
         both modes climb the same rungs and aggressive only climbs further.
         """
-        room = self.budget - self.stable_base  # for the history, the latest turn left out
+        room = self.budget - self.stable_base  # for the history, the latest turn (recent steps) left out
         n = len(self.old)
         rungs: list[int] = []
         previous, last = self._prefix(0), 0
