@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway import metrics
 from gateway.overflow import Overflow, detect_silent_truncation
+from gateway.policy import Policy, Team
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.tokens.calibration import Calibration
@@ -30,6 +31,7 @@ class Runtime:
     store: Store
     windows: WindowResolver
     calibration: Calibration
+    policy: Policy
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Models whose learned state was read from the store by this process.
@@ -43,6 +45,7 @@ class Runtime:
             store=open_store(settings.redis_url),
             windows=WindowResolver(overrides=settings.window_overrides(), learned=LearnedWindows()),
             calibration=CALIBRATION,
+            policy=Policy(settings.teams, settings.policy, settings.redis_url),
         )
 
     async def start(self) -> None:
@@ -53,6 +56,13 @@ class Runtime:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.upstream.close()
         await self.store.close()
+        await self.policy.close()
+
+    def upstream_key(self, team: Team | None) -> str | None:
+        """The key the gateway sends upstream: the team's own, else the configured one, else none."""
+        if team is not None and team.settings.upstream_api_key:
+            return team.settings.upstream_api_key
+        return self.settings.upstream.api_key
 
     async def load_learned(self, model: str) -> None:
         """Once per model and process: adopt what other replicas learned (window, calibration)."""

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gateway.compress.options import CompressionOptions
+from gateway.policy.config import PolicySettings, TeamSettings, validate_teams
 from gateway.tokens.windows import usable_budget
 
 ENV_PREFIX = "GATEWAY_"
@@ -97,6 +98,12 @@ class Settings:
     redis_url: str | None = None
     budget: BudgetSettings = field(default_factory=BudgetSettings)
     compression: CompressionOptions = field(default_factory=CompressionOptions)
+    # Team name -> its gateway keys, upstream key, models, compression and limits (gateway/policy).
+    teams: dict[str, TeamSettings] = field(default_factory=dict)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+    def __post_init__(self) -> None:
+        validate_teams(self.teams)
 
     def window_overrides(self) -> dict[str, int]:
         return {name: m.context_window for name, m in self.models.items() if m.context_window}
@@ -190,6 +197,8 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
             return False
         raise ConfigError(f"{where} must be true or false, got {value!r}")
     if hint in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
         try:
             number = hint(value)
         except (TypeError, ValueError):

@@ -1,4 +1,7 @@
-"""Every /v1 route other than chat completions: relayed unchanged, bodies streamed both ways."""
+"""Every /v1 route other than chat completions: relayed unchanged, bodies streamed both ways.
+
+With teams configured: authenticated and held to the team's requests-per-minute limit.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
+from gateway.policy.answers import without_rate_limits
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.runtime import Runtime
 
@@ -19,16 +23,26 @@ RETRYABLE_BODY_LIMIT = 1024 * 1024
 async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     request_id: str = request.state.request_id
+    team = runtime.policy.authenticate(request.headers)
+    admission = await runtime.policy.admit(team, None) if team is not None else None
     body = await _request_body(request, runtime.settings.server.max_body_bytes)
-    api_key = runtime.settings.upstream.api_key
+    api_key = runtime.upstream_key(team)
+    strip = team is not None  # the caller's credential is a gateway key: it never crosses
     reply = await runtime.upstream.send(
         request.method,
-        runtime.upstream.url_for(request.url.path, upstream_query(request.url.query, api_key=api_key)),
-        to_upstream(request.headers, api_key=api_key, request_id=request_id),
+        runtime.upstream.url_for(
+            request.url.path, upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+        ),
+        to_upstream(request.headers, api_key=api_key, request_id=request_id, strip_credentials=strip),
         body,
-        gateway_credentials=bool(api_key),
+        gateway_credentials=bool(api_key) or strip,
     )
-    headers = to_client(reply.headers, request_id=request_id)
+    if admission is None:
+        headers = to_client(reply.headers, request_id=request_id)
+    else:
+        headers = to_client(
+            without_rate_limits(reply.headers), request_id=request_id, extra=admission.headers
+        )
     if reply.content_length is not None:
         headers.append((b"content-length", str(reply.content_length).encode()))
     if reply.response is None or request.method == "HEAD":
