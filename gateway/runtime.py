@@ -50,6 +50,7 @@ class Runtime:
 
     async def start(self) -> None:
         await self.upstream.start()
+        await self.policy.start()
 
     async def close(self) -> None:
         if self._background:

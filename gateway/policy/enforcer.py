@@ -176,6 +176,16 @@ class Policy:
             # The reservation stays charged (over-counts, never under): the safe side.
             self._breaker.failed(exc, "settlement lost")
 
+    async def start(self) -> None:
+        if self._redis is None:
+            return
+        try:
+            async with asyncio.timeout(max(1.0, self.settings.store_timeout)):
+                await self._redis.warm_up()
+        except STORE_ERRORS as exc:
+            # Not fatal: requests follow the failure policy until Redis answers.
+            log.warning("team limit store not reachable at start-up (%s)", type(exc).__name__)
+
     async def usage(self, team: str, day: int) -> dict[str, Usage]:
         backend = self._redis if self._redis is not None else self._memory
         return await backend.usage(team, day)

@@ -191,6 +191,11 @@ class RedisLimits:
         self._admit = self.client.register_script(_ADMIT)
         self._settle = self.client.register_script(_SETTLE)
 
+    async def warm_up(self) -> None:
+        """Connect and load the scripts, so the first requests pay neither."""
+        for script in (_ADMIT, _SETTLE):
+            await self.client.script_load(script)
+
     async def admit(self, team: str, limits: TeamLimits, tokens: int, *, requests_only: bool) -> Decision:
         tag = team_tag(team)
         raw = await self._admit(
