@@ -268,9 +268,10 @@ def is_loopback(host: str) -> bool:
 
 
 def open_relay(settings: Settings) -> bool:
-    """An upstream key anyone on the network could spend."""
+    """An upstream key anyone on the network could spend (teams are gateway keys: not one)."""
     return (
         bool(settings.upstream.api_key)
+        and not settings.teams
         and not settings.server.allow_unauthenticated
         and not is_loopback(settings.server.host)
     )

@@ -110,7 +110,7 @@ def test_a_key_in_two_teams_stops_start_up() -> None:
     ("name", "value", "named"),
     [
         ("GATEWAY_POLICY_ON_STORE_FAILURE", "sometimes", "on_store_failure must be open or closed"),
-        ("GATEWAY_POLICY_STORE_TIMEOUT", "nan", "store_timeout must be between"),
+        ("GATEWAY_POLICY_STORE_TIMEOUT", "nan", "policy.store_timeout must be a finite number"),
         ("GATEWAY_POLICY_STORE_TIMEOUT", "1e9", "store_timeout must be between"),
         ("GATEWAY_POLICY_BREAKER_COOLDOWN", "-1", "policy.breaker_cooldown must not be negative"),
         ("GATEWAY_POLICY_DEFAULT_OUTPUT_ALLOWANCE", "0", "default_output_allowance must be between"),
@@ -297,3 +297,10 @@ def test_usage_null_spacing_variants_are_removed() -> None:
     meter = StreamMeter(strip=True)
     assert b"usage" not in meter.feed(event) and b"usage" not in meter.feed(first)
     assert orjson.loads(meter.feed(first)[6:]) == {"id": "c"}
+
+
+def test_teams_count_as_gateway_keys_for_the_open_relay_check() -> None:
+    exposed = {"GATEWAY_SERVER_HOST": "0.0.0.0", "GATEWAY_UPSTREAM_API_KEY": "sk-org"}
+    with pytest.raises(ConfigError, match="open relay"):
+        load_settings(None, exposed)
+    assert load_settings(None, {**exposed, **teams_env({"a": {"keys": [HASH]}})}).teams["a"].keys == (HASH,)
