@@ -97,8 +97,8 @@ class PolicySettings:
     # "closed" answers 503 to team requests.
     on_store_failure: str = "open"
     # Longest a limit check may wait for Redis before the failure policy applies (seconds).
-    store_timeout: float = 0.1
-    # After a Redis failure, how long requests skip Redis before trying it again (seconds).
+    store_timeout: float = 0.25
+    # After failures in a row, how long requests skip Redis before trying it again (seconds).
     breaker_cooldown: float = 5.0
     # Output tokens reserved when a request sets neither max_completion_tokens nor max_tokens.
     default_output_allowance: int = 4096

@@ -304,3 +304,24 @@ def test_teams_count_as_gateway_keys_for_the_open_relay_check() -> None:
     with pytest.raises(ConfigError, match="open relay"):
         load_settings(None, exposed)
     assert load_settings(None, {**exposed, **teams_env({"a": {"keys": [HASH]}})}).teams["a"].keys == (HASH,)
+
+
+def test_breaker_opens_after_failures_in_a_row_and_retries_after_the_cooldown() -> None:
+    from gateway.policy.enforcer import BREAKER_THRESHOLD, CircuitBreaker
+
+    breaker = CircuitBreaker(cooldown=0.05)
+    for _ in range(BREAKER_THRESHOLD - 1):
+        breaker.failed(TimeoutError(), "memory")
+        assert breaker.allows()  # one late call does not hand the cooldown to per-replica limits
+    breaker.succeeded()
+    for _ in range(BREAKER_THRESHOLD - 1):
+        breaker.failed(TimeoutError(), "memory")
+    assert breaker.allows()
+    breaker.failed(TimeoutError(), "memory")
+    assert not breaker.allows()
+    import time
+
+    time.sleep(0.06)
+    assert breaker.allows()  # half-open: one try, and one more failure opens it again
+    breaker.failed(ConnectionError(), "memory")
+    assert not breaker.allows()
