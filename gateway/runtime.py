@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway import metrics
 from gateway.overflow import Overflow, detect_silent_truncation
-from gateway.policy import Policy, Team
+from gateway.policy.enforcer import Policy, Team
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.tokens.calibration import MAX_MODELS, Calibration

@@ -1,6 +1,5 @@
-"""Teams: gateway keys, per-team limits and usage, enforced across replicas through Redis."""
+"""Teams: gateway keys, per-team limits and usage, enforced across replicas through Redis.
 
-from gateway.policy.enforcer import Admission, Policy, Team
-from gateway.policy.limits import Usage
-
-__all__ = ["Admission", "Policy", "Team", "Usage"]
+`enforcer.Policy` is what routes call (authenticate, admit, settle); `config` is the config
+model (imported by settings, so this package imports nothing at its top level).
+"""

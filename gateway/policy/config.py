@@ -12,10 +12,10 @@ import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Least to most compression: a request may move its team's mode right, never left.
 COMPRESSION_MODES = ("off", "auto", "aggressive")
 # Far above any real budget, far below where Lua's doubles lose whole tokens.
 MAX_LIMIT = 10**12
@@ -23,9 +23,6 @@ MAX_KEYS_PER_TEAM = 1000
 MAX_MODEL_PATTERNS = 1000
 MAX_PATTERN_LENGTH = 256
 MAX_UPSTREAM_KEY_LENGTH = 4096
-
-CompressionMode = Literal["off", "auto", "aggressive"]
-StoreFailure = Literal["open", "closed"]
 
 
 @dataclass(frozen=True)

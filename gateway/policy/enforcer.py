@@ -24,8 +24,9 @@ from redis.exceptions import RedisError
 from starlette.datastructures import Headers
 
 from gateway import metrics
+from gateway.chat_request import CompressionMode
 from gateway.policy import answers
-from gateway.policy.config import COMPRESSION_MODES, CompressionMode, PolicySettings, TeamSettings
+from gateway.policy.config import COMPRESSION_MODES, PolicySettings, TeamSettings
 from gateway.policy.keys import KeyIndex, presented_key
 from gateway.policy.limits import DAY_SECONDS, Decision, MemoryLimits, RedisLimits, Usage
 

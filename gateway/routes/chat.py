@@ -21,9 +21,10 @@ from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
 from gateway.planning import Plan, overflow_retry_budget, plan_request
-from gateway.policy import Admission, Team, Usage
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.chat import output_allowance, team_chat
+from gateway.policy.enforcer import Admission, Team
+from gateway.policy.limits import Usage
 from gateway.policy.streams import StreamMeter, metered, usage_counts
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.relay import (
