@@ -1,12 +1,15 @@
 """Every /v1 route other than chat completions: relayed unchanged, bodies streamed both ways.
 
-With teams configured: authenticated and held to the team's requests-per-minute limit.
+With teams configured: authenticated, held to the team's requests-per-minute limit, and, for a
+team with a model allow-list, the JSON body's ``model`` checked against it (embeddings,
+completions, responses …: no route may reach a model the team may not use).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -24,8 +27,18 @@ async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     request_id: str = request.state.request_id
     team = runtime.policy.authenticate(request.headers)
+    limit = runtime.settings.server.max_body_bytes
+    if team is not None and team.settings.models is not None:
+        # The whole body is needed to read its model: buffered, within the body limit.
+        whole = await read_body(request, limit)
+        model = body_model(whole)
+        if model is not None:
+            runtime.policy.check_model(team, model)
+        has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
+        body: bytes | AsyncIterator[bytes] | None = whole if has_body else None
+    else:
+        body = await _request_body(request, limit)
     admission = await runtime.policy.admit(team, None) if team is not None else None
-    body = await _request_body(request, runtime.settings.server.max_body_bytes)
     api_key = runtime.upstream_key(team)
     strip = team is not None  # the caller's credential is a gateway key: it never crosses
     reply = await runtime.upstream.send(
@@ -54,6 +67,18 @@ async def passthrough(request: Request) -> Response:
         response = StreamingResponse(reply.iter_body(idle), status_code=reply.status)
     response.raw_headers = headers
     return response
+
+
+def body_model(body: bytes) -> str | None:
+    """The ``model`` of a JSON object body (None for anything else: multipart uploads, no body)."""
+    if body[:1024].lstrip()[:1] != b"{":
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else None
 
 
 async def _request_body(request: Request, limit: int) -> bytes | AsyncIterator[bytes] | None:

@@ -595,3 +595,27 @@ def test_a_stalled_redis_costs_one_bounded_wait_then_the_breaker_opens(
         os.kill(own_redis.process.pid, signal.SIGCONT)
     # Three calls waited out the timeout; the open breaker sent the other two straight to memory.
     assert metric(url, "gateway_policy_store_failures_total") == failures + 3
+
+
+def test_every_route_keeps_to_the_team_model_list(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-*", "gpt-4o-mini"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    refused = httpx.post(
+        url + "/embeddings", json={"model": "text-embedding-ada-002", "input": "x"}, headers=auth
+    )
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    refused = httpx.post(url + "/responses", json={"model": "gpt-4o", "input": "hi"}, headers=auth)
+    assert refused.status_code == 404 and "'gpt-4o'" in refused.json()["error"]["message"]
+    assert fake_upstream.received == []
+    allowed = [
+        httpx.post(url + "/embeddings", json={"model": "text-embedding-3-small", "input": "x"}, headers=auth),
+        httpx.post(url + "/responses", json={"model": "gpt-4o-mini", "input": "hi"}, headers=auth),
+        httpx.get(url + "/models", headers=auth),
+        httpx.post(
+            url + "/embeddings", content=b"[1, {", headers={**auth, "content-type": "application/json"}
+        ),
+    ]
+    assert [answer.status_code for answer in allowed] == [200, 200, 200, 400]
+    assert fake_upstream.received[2].body == b"" and "content-length" not in fake_upstream.received[2].headers

@@ -325,3 +325,24 @@ def test_breaker_opens_after_failures_in_a_row_and_retries_after_the_cooldown() 
     assert breaker.allows()  # half-open: one try, and one more failure opens it again
     breaker.failed(ConnectionError(), "memory")
     assert not breaker.allows()
+
+
+def test_keys_commands(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from gateway.cli import main
+
+    assert main(["keys", "new"]) == 0
+    lines = dict(
+        line.split(":  ", 1) if line.startswith("key:") else line.split(": ", 1)
+        for line in capsys.readouterr().out.splitlines()
+    )
+    assert lines["hash"] == hash_key(lines["key"]) and lines["key"].startswith("cgw-")
+    assert main(["keys", "hash", KEY]) == 0
+    assert capsys.readouterr().out.strip() == HASH
+    monkeypatch.setattr("sys.stdin", io.StringIO(KEY + "\n"))
+    assert main(["keys", "hash", "-"]) == 0
+    assert capsys.readouterr().out.strip() == HASH
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    assert main(["keys", "hash", "-"]) == 2
+    assert "the key is empty" in capsys.readouterr().err
