@@ -217,6 +217,7 @@ def _usage(args: argparse.Namespace) -> int:
 
     from redis.exceptions import RedisError
 
+    from gateway.policy.config import TEAM_NAME
     from gateway.policy.limits import DAY_SECONDS, RedisLimits, day_name, day_number
 
     settings = load_settings(args.config)
@@ -226,6 +227,8 @@ def _usage(args: argparse.Namespace) -> int:
         day = int(time.time() // DAY_SECONDS) if args.day is None else day_number(args.day)
     except ValueError:
         raise InputError(f"--day must be a date as YYYY-MM-DD, got {args.day[:40]!r}") from None
+    if args.team is not None and not TEAM_NAME.fullmatch(args.team):
+        raise InputError(f"--team must be a team name (letters, digits, _ . -), got {args.team[:40]!r}")
     teams = [args.team] if args.team else sorted(settings.teams)
     if not teams:
         raise InputError("no teams: configure teams, or name one with --team")

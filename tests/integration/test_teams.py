@@ -394,6 +394,8 @@ def test_usage_command_prints_the_records(
     assert "(nothing recorded)" in capsys.readouterr().out
     assert main(["usage", "--config", str(config), "--day", "yesterday\x1b"]) == 2
     assert "--day must be a date" in capsys.readouterr().err
+    assert main(["usage", "--config", str(config), "--team", "x}{\n" * 100]) == 2
+    assert "--team must be a team name" in capsys.readouterr().err
 
 
 def test_team_metrics_use_team_names_only(
