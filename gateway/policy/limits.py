@@ -72,6 +72,12 @@ def team_tag(team: str) -> str:
     return f"{REDIS_PREFIX}{{team:{team}}}:"
 
 
+def limit_keys(team: str) -> tuple[str, str, str]:
+    """The team's requests TAT, tokens TAT and day hash: one hash tag, so one cluster slot."""
+    tag = team_tag(team)
+    return tag + "rpm", tag + "tpm", tag + "day"
+
+
 def usage_key(team: str, day: int) -> str:
     return f"{team_tag(team)}usage:{day_name(day)}"
 
@@ -197,9 +203,8 @@ class RedisLimits:
             await self.client.script_load(script)
 
     async def admit(self, team: str, limits: TeamLimits, tokens: int, *, requests_only: bool) -> Decision:
-        tag = team_tag(team)
         raw = await self._admit(
-            keys=[tag + "rpm", tag + "tpm", tag + "day"],
+            keys=list(limit_keys(team)),
             args=[
                 _limit(limits.requests_per_minute),
                 0 if requests_only else _limit(limits.tokens_per_minute),
@@ -212,9 +217,9 @@ class RedisLimits:
     async def settle(
         self, team: str, limits: TeamLimits, day: int, delta: int, model: str, usage: Usage
     ) -> None:
-        tag = team_tag(team)
+        _, tokens_key, day_key = limit_keys(team)
         await self._settle(
-            keys=[tag + "tpm", tag + "day", usage_key(team, day)],
+            keys=[tokens_key, day_key, usage_key(team, day)],
             args=[
                 _limit(limits.tokens_per_minute),
                 delta,

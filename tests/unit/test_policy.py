@@ -346,3 +346,14 @@ def test_keys_commands(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.M
     monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
     assert main(["keys", "hash", "-"]) == 2
     assert "the key is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("team", ["research", "a", "t.e_a-m9", "x" * 64])
+def test_every_key_of_a_team_hashes_to_one_cluster_slot(team: str) -> None:
+    from redis.crc import key_slot
+
+    from gateway.policy.limits import limit_keys, usage_key
+
+    keys = [*limit_keys(team), usage_key(team, 20_000)]
+    assert len({key_slot(key.encode()) for key in keys}) == 1
+    assert all(f"{{team:{team}}}" in key for key in keys)
