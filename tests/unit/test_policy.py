@@ -357,3 +357,15 @@ def test_every_key_of_a_team_hashes_to_one_cluster_slot(team: str) -> None:
     keys = [*limit_keys(team), usage_key(team, 20_000)]
     assert len({key_slot(key.encode()) for key in keys}) == 1
     assert all(f"{{team:{team}}}" in key for key in keys)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.text(max_size=2000), scheme=st.sampled_from(["Bearer ", "bearer ", "Basic ", "", " Bearer  "])
+)
+def test_any_authorization_value_finds_no_team_without_raising(value: str, scheme: str) -> None:
+    index = KeyIndex(load_settings(None, teams_env({"a": {"keys": [HASH]}})).teams)
+    header = (scheme + value).encode("utf-8", errors="surrogatepass").decode("latin-1")
+    key = presented_key(Headers(raw=[(b"authorization", header.encode("latin-1"))]))
+    assert key is None or index.team_for(key) in (None, "a")
+    assert (key is not None and index.team_for(key) == "a") == (key == KEY)
