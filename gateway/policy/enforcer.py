@@ -27,7 +27,7 @@ from gateway import metrics
 from gateway.chat_request import CompressionMode
 from gateway.policy import answers
 from gateway.policy.config import COMPRESSION_MODES, PolicySettings, TeamSettings
-from gateway.policy.keys import KeyIndex, presented_key
+from gateway.policy.keys import KEY_HEADERS, KeyIndex, presented_key
 from gateway.policy.limits import DAY_SECONDS, Decision, MemoryLimits, RedisLimits, Usage
 
 log = logging.getLogger("gateway.policy")
@@ -118,7 +118,7 @@ class Policy:
         name = self._keys.team_for(key) if key is not None else None
         if name is None:
             metrics.POLICY_UNAUTHORIZED.inc()
-            raise answers.unauthorized(presented="authorization" in headers or "api-key" in headers)
+            raise answers.unauthorized(presented=any(name in headers for name in KEY_HEADERS))
         return self.teams[name]
 
     def check_model(self, team: Team, model: str) -> None:

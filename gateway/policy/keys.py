@@ -20,6 +20,7 @@ from starlette.datastructures import Headers
 from gateway.policy.config import TeamSettings
 
 KEY_PREFIX = "cgw-"
+KEY_HEADERS = ("authorization", "api-key", "x-api-key")
 # Longest Authorization value considered; longer ones are refused without hashing.
 MAX_PRESENTED_KEY = 512
 
@@ -34,7 +35,8 @@ def new_key() -> str:
 
 
 def presented_key(headers: Headers) -> str | None:
-    """The bearer token of ``Authorization`` (the form OpenAI's SDKs send), else ``api-key`` (Azure's)."""
+    """The bearer token of ``Authorization`` (OpenAI's SDKs), else ``api-key`` (Azure's), else
+    ``x-api-key`` (Anthropic's)."""
     value = headers.get("authorization")
     if value is not None:
         scheme, _, token = value.strip().partition(" ")
@@ -42,7 +44,7 @@ def presented_key(headers: Headers) -> str | None:
         if scheme.lower() != "bearer" or not token:
             return None
     else:
-        token = headers.get("api-key", "").strip()
+        token = (headers.get("api-key") or headers.get("x-api-key") or "").strip()
     if not token or len(token) > MAX_PRESENTED_KEY:
         return None
     return token

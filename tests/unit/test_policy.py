@@ -141,6 +141,8 @@ def test_keys_hash_and_lookup() -> None:
         ({"authorization": f"Bearer {KEY}"}, KEY),
         ({"authorization": f"bearer   {KEY}  "}, KEY),
         ({"api-key": KEY}, KEY),
+        ({"x-api-key": KEY}, KEY),
+        ({"authorization": "Bearer a", "x-api-key": KEY}, "a"),
         ({"authorization": KEY}, None),
         ({"authorization": f"Basic {KEY}"}, None),
         ({"authorization": "Bearer "}, None),
