@@ -81,11 +81,6 @@ def usage_from_json(body: bytes) -> object:
         return None
 
 
-def prompt_tokens_from_json(body: bytes) -> int | None:
-    """``usage.prompt_tokens`` of a non-streamed answer, if it reports one."""
-    return prompt_tokens(usage_from_json(body))
-
-
 def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
     """``usage.prompt_tokens`` from the last usage-bearing event of a stream's tail."""
     for event in reversed(tail.split(b"\n\n")):
