@@ -106,10 +106,6 @@ class Policy:
         self._redis = RedisLimits(redis_url, timeout=settings.store_timeout) if redis_url and teams else None
         self._breaker = CircuitBreaker(settings.breaker_cooldown)
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.teams)
-
     def authenticate(self, headers: Headers) -> Team | None:
         """The caller's team; None when no teams are configured (the caller's key passes through)."""
         if not self.teams:
@@ -118,7 +114,7 @@ class Policy:
         name = self._keys.team_for(key) if key is not None else None
         if name is None:
             metrics.POLICY_UNAUTHORIZED.inc()
-            raise answers.unauthorized(presented=any(name in headers for name in KEY_HEADERS))
+            raise answers.unauthorized(presented=any(header in headers for header in KEY_HEADERS))
         return self.teams[name]
 
     def check_model(self, team: Team, model: str) -> None:
