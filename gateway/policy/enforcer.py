@@ -3,13 +3,15 @@
 Route-agnostic: a route calls `authenticate`, then `admit` (with the tokens it is about to send
 and the output it allows, or none for request-only routes), forwards, then `settle` with what
 the upstream reported. Redis is the shared engine; each call to it is bounded by
-``policy.store_timeout``, and a call that fails gets the failure policy (fail open: limits per
-replica in memory; fail closed: 503). A circuit breaker opens after a few failures in a row:
-Redis is then left alone for ``policy.breaker_cooldown`` seconds and every check gets the
-failure policy at once, so an outage adds at most a few bounded waits per cooldown, per replica.
+``policy.store_timeout``, and a call that fails gets the failure policy (fail open: this
+replica's share of the limits, in memory, see replicas.py; fail closed: 503). A circuit
+breaker opens after a few failures in a row: Redis is then left alone for
+``policy.breaker_cooldown`` seconds and every check gets the failure policy at once, so an
+outage adds at most a few bounded waits per cooldown, per replica.
 Not opening on the first failure matters: on a saturated machine one call can miss the bound
 because the event loop was late, not Redis; opening then would hand the whole cooldown to
-per-replica limits, N replicas admitting N times the budget (measured: bench/budgets.py).
+memory, whose state starts afresh (bench/budgets.py measured 2x the budget admitted that way,
+before replicas took shares).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from starlette.datastructures import Headers
 from gateway import metrics
 from gateway.chat_request import CompressionMode
 from gateway.policy import answers
-from gateway.policy.config import COMPRESSION_MODES, PolicySettings, TeamSettings
+from gateway.policy.config import COMPRESSION_MODES, PolicySettings, TeamLimits, TeamSettings
 from gateway.policy.keys import KEY_HEADERS, KeyIndex, presented_key
 from gateway.policy.limits import DAY_SECONDS, Decision, MemoryLimits, RedisLimits, Usage
+from gateway.policy.replicas import ReplicaCount, share
 
 log = logging.getLogger("gateway.policy")
 
@@ -60,6 +63,8 @@ class Admission:
     reserved: int
     day: int
     backend: MemoryLimits | RedisLimits
+    # The limits the check applied: the team's, or this replica's share of them in memory.
+    limits: TeamLimits
     headers: list[tuple[str, str]] = field(default_factory=list)
     settled: bool = False
 
@@ -105,6 +110,7 @@ class Policy:
         self._memory = MemoryLimits()
         self._redis = RedisLimits(redis_url, timeout=settings.store_timeout) if redis_url and teams else None
         self._breaker = CircuitBreaker(settings.breaker_cooldown)
+        self._replicas = ReplicaCount(self._redis.client, settings.store_timeout) if self._redis else None
 
     def authenticate(self, headers: Headers) -> Team | None:
         """The caller's team; None when no teams are configured (the caller's key passes through)."""
@@ -135,39 +141,44 @@ class Policy:
             # Nothing to check: no round trip; the settlement still records usage.
             metrics.TEAM_REQUESTS.labels(team.name, "admitted").inc()
             day = int(time.time() // DAY_SECONDS)
-            return Admission(team, cost, day, self._redis if self._redis is not None else self._memory)
-        decision, backend = await self._call_admit(team, cost, requests_only=tokens is None)
-        headers = answers.rate_limit_headers(limits, decision)
+            backend = self._redis if self._redis is not None else self._memory
+            return Admission(team, cost, day, backend, limits)
+        decision, backend, applied = await self._call_admit(team, cost, requests_only=tokens is None)
+        headers = answers.rate_limit_headers(applied, decision)
         if decision.denied is not None:
             outcome = "quota_exceeded" if decision.denied == "day" else "rate_limited"
             metrics.TEAM_REQUESTS.labels(team.name, outcome).inc()
-            raise answers.over_limit(team.name, limits, decision, cost, headers)
+            raise answers.over_limit(team.name, applied, decision, cost, headers)
         metrics.TEAM_REQUESTS.labels(team.name, "admitted").inc()
-        return Admission(team, cost, decision.day, backend, headers)
+        return Admission(team, cost, decision.day, backend, applied, headers)
 
     async def _call_admit(
         self, team: Team, tokens: int, *, requests_only: bool
-    ) -> tuple[Decision, MemoryLimits | RedisLimits]:
+    ) -> tuple[Decision, MemoryLimits | RedisLimits, TeamLimits]:
+        """The decision, where it was made, and the limits it applied."""
         limits = team.settings.limits
         if self._redis is not None and self._breaker.allows():
             try:
                 async with asyncio.timeout(self.settings.store_timeout):
                     decision = await self._redis.admit(team.name, limits, tokens, requests_only=requests_only)
                 self._breaker.succeeded()
-                return decision, self._redis
+                return decision, self._redis, limits
             except STORE_ERRORS as exc:
                 self._breaker.failed(exc, self._fallback_name())
-        if self._redis is not None:
+        if self._replicas is not None:  # Redis is configured but did not answer
             if self.settings.on_store_failure == "closed":
                 metrics.TEAM_REQUESTS.labels(team.name, "store_unavailable").inc()
                 raise answers.store_unavailable()
             metrics.POLICY_FALLBACKS.inc()
+            limits = share(limits, self._replicas.known)
         decision = await self._memory.admit(team.name, limits, tokens, requests_only=requests_only)
-        return decision, self._memory
+        return decision, self._memory, limits
 
     def _fallback_name(self) -> str:
         return (
-            "answering 503" if self.settings.on_store_failure == "closed" else "limits per replica in memory"
+            "answering 503"
+            if self.settings.on_store_failure == "closed"
+            else "each replica's share of the limits in memory"
         )
 
     async def settle(self, admission: Admission, model: str, usage: Usage) -> None:
@@ -188,7 +199,7 @@ class Policy:
         backend = admission.backend
         try:
             async with asyncio.timeout(self.settings.store_timeout):
-                await backend.settle(team.name, team.settings.limits, admission.day, delta, model, usage)
+                await backend.settle(team.name, admission.limits, admission.day, delta, model, usage)
         except STORE_ERRORS as exc:
             # The reservation stays charged (over-counts, never under): the safe side.
             self._breaker.failed(exc, "settlement lost")
@@ -202,6 +213,9 @@ class Policy:
         except STORE_ERRORS as exc:
             # Not fatal: requests follow the failure policy until Redis answers.
             log.warning("team limit store not reachable at start-up (%s)", type(exc).__name__)
+        if self._replicas is not None:
+            await self._replicas.beat()
+            self._replicas.start()
 
     async def usage(self, team: str, day: int) -> dict[str, Usage]:
         backend = self._redis if self._redis is not None else self._memory
@@ -209,5 +223,7 @@ class Policy:
 
     async def close(self) -> None:
         await self._memory.close()
+        if self._replicas is not None:
+            await self._replicas.stop()
         if self._redis is not None:
             await self._redis.close()

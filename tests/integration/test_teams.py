@@ -621,3 +621,37 @@ def test_every_route_keeps_to_the_team_model_list(
     ]
     assert [answer.status_code for answer in allowed] == [200, 200, 200, 400]
     assert fake_upstream.received[2].body == b"" and "content-length" not in fake_upstream.received[2].headers
+
+
+def test_fail_open_replicas_each_take_their_share(
+    fake_upstream: FakeUpstream,
+    start_gateway: GatewayFactory,
+    own_redis: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gateway.policy.replicas.HEARTBEAT_SECONDS", 0.1)
+    team = team_name()
+    replicas = [
+        start_team_gateway(start_gateway, own_redis.url, team, limits={"tokens_per_minute": 1000})
+        for _ in range(2)
+    ]
+    store = redis.Redis.from_url(own_redis.url)
+    wait_for(lambda: store.zcard("context-gateway:replicas") == 2)
+    both_seen = int(store.time()[0])
+    # Once each replica has beaten after that second, each has read a count of 2.
+    wait_for(
+        lambda: (
+            min(score for _, score in store.zrange("context-gateway:replicas", 0, -1, withscores=True))
+            > both_seen
+        )
+    )
+    for url in replicas:  # with Redis, a 600-token request fits the 1000-token budget
+        assert client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=590).choices
+    own_redis.stop()
+    for url in replicas:
+        # Alone, each replica holds to half the budget: the same request no longer fits.
+        with pytest.raises(openai.RateLimitError) as failure:
+            client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=590)
+        assert failure.value.response.headers["x-ratelimit-limit-tokens"] == "500"
+    # Smaller requests still pass: the replica serves, within its share.
+    assert client(replicas[0]).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=100).choices
