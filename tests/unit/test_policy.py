@@ -371,3 +371,14 @@ def test_any_authorization_value_finds_no_team_without_raising(value: str, schem
     key = presented_key(Headers(raw=[(b"authorization", header.encode("latin-1"))]))
     assert key is None or index.team_for(key) in (None, "a")
     assert (key is not None and index.team_for(key) == "a") == (key == KEY)
+
+
+def test_a_replica_share_of_the_limits() -> None:
+    from gateway.policy.replicas import share
+
+    limits = TeamLimits(
+        max_context_tokens=32000, tokens_per_minute=1001, tokens_per_day=None, requests_per_minute=3
+    )
+    assert share(limits, 1) is limits
+    assert share(limits, 2) == TeamLimits(32000, 501, None, 2)
+    assert share(limits, 10) == TeamLimits(32000, 101, None, 1)  # never below one request
