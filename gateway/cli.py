@@ -1,4 +1,4 @@
-"""The ``context-gateway`` command: serve, compress, count, keys, usage."""
+"""The ``context-gateway`` command: serve, compress, count, keys, usage, windows."""
 
 from __future__ import annotations
 
@@ -56,6 +56,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage.add_argument("--config", help="YAML config file (its redis_url and teams)")
     usage.add_argument("--team", help="one team (default: every configured team)")
     usage.add_argument("--day", help="UTC day as YYYY-MM-DD (default: today)")
+    windows = commands.add_parser("windows", help="show or clear learned and discovered context windows")
+    actions = windows.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="learned and discovered windows in the store (Redis)")
+    listing.add_argument("--config", help="YAML config file (for redis_url)")
+    listing.add_argument(
+        "--limit", type=int, default=1000, help="at most this many of each kind (default 1000)"
+    )
+    forget = actions.add_parser("forget", help="clear what the store holds for a model, on every replica")
+    forget.add_argument("--config", help="YAML config file (for redis_url)")
+    forget.add_argument("model", help="the model name as clients send it")
+    resolve = actions.add_parser(
+        "resolve", help="the window each name resolves to without the store, and why"
+    )
+    resolve.add_argument("--config", help="YAML config file (for model window overrides)")
+    resolve.add_argument("model", nargs="+", help="model names as clients send them")
 
     args = parser.parse_args(argv)
     try:
@@ -67,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _keys(args)
         if args.command == "usage":
             return _usage(args)
+        if args.command == "windows":
+            return _windows(args)
         return _count(args)
     except ConfigError as exc:
         print(f"context-gateway: configuration error: {exc}", file=sys.stderr)
@@ -92,26 +109,14 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.server.run import serve
 
     settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
-    host, port = settings.server.host, settings.server.port
     logging.basicConfig(
         level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("%s", startup_line(settings, args.config))
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.server.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    serve(settings, host=settings.server.host, port=settings.server.port)
     return 0
 
 
@@ -258,6 +263,56 @@ def _usage(args: argparse.Namespace) -> int:
     if not rows:
         print("(nothing recorded)")
     return 0
+def _windows(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.tokens.windows import WindowResolver
+
+    settings = load_settings(args.config)
+    if args.action == "resolve":
+        resolver = WindowResolver(overrides=settings.window_overrides())
+        for model in args.model:
+            found = resolver.resolve_window(model)
+            detail = f" ({found.detail})" if found.detail else ""
+            print(f"{model}\t{found.tokens or '-'}\t{found.source}{detail}")
+        return 0
+    if not settings.redis_url:
+        print(
+            "context-gateway: no redis_url configured: each gateway process keeps its learned windows "
+            "in its own memory, out of reach of this command (they expire after "
+            f"windows.learned_ttl_seconds = {settings.windows.learned_ttl_seconds} s)",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(_windows_in_store(args, settings))
+
+
+async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from gateway.store import open_store
+    from gateway.tokens.window_records import forget, list_records
+
+    store = open_store(settings.redis_url)
+    try:
+        if args.action == "forget":
+            deleted = await forget(store, args.model)
+            print(
+                f"{args.model}: {deleted} record(s) removed" if deleted else f"{args.model}: nothing stored"
+            )
+            return 0
+        records = await list_records(store, max(1, args.limit))
+        print("model\twindow\tsource\texpires in\tdetail")
+        now = time.time()
+        for record in records:
+            expires = f"{max(0, round(record.expires_at - now))} s"
+            print(f"{record.model}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+        return 0
+    except (OSError, ConnectionError) as exc:
+        print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
 
 
 if __name__ == "__main__":

@@ -54,5 +54,11 @@ POLICY_STORE_FAILURES = Counter(
 )
 POLICY_FALLBACKS = Counter(
     "gateway_policy_fallbacks_total",
-    "Team requests checked against per-replica memory limits because Redis was unreachable (fail open).",
+    "Team requests checked against this replica's share of the limits (Redis unreachable, fail open).",
+)
+WINDOW_EVIDENCE = Counter(
+    "gateway_window_evidence_total",
+    "What upstream overflow errors taught about context windows: a believed stated window, a refused "
+    "size (no window stated), or an implausible stated window that was ignored.",
+    ["kind"],
 )

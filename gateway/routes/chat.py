@@ -20,7 +20,7 @@ from gateway import metrics
 from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
-from gateway.planning import Plan, overflow_retry_budget, plan_request
+from gateway.planning import Plan, demand, overflow_retry_budget, plan_request, refusal_of
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.chat import output_allowance, team_chat
 from gateway.policy.enforcer import Admission, Team
@@ -69,6 +69,8 @@ async def chat_completions(request: Request) -> Response:
     if team is not None:
         runtime.policy.check_model(team, chat.model)
         chat, strip_usage = team_chat(team, chat, request.headers)
+    upstream = _upstreaming(request, runtime, team)
+    await runtime.discover(chat.model, upstream.headers)
     plan = await plan_request(runtime, chat, cap=team.settings.limits.max_context_tokens if team else None)
     admission = None
     if team is not None:
@@ -77,11 +79,30 @@ async def chat_completions(request: Request) -> Response:
         admission = await runtime.policy.admit(team, plan.tokens_after + allowance)
     metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
     try:
-        return await _forward(request, runtime, chat, plan, team, admission, strip_usage)
+        return await _forward(request, runtime, chat, plan, upstream, admission, strip_usage)
     except BaseException:
         if admission is not None:  # nothing was relayed: give the reservation back
             runtime.in_background(runtime.policy.settle(admission, chat.model, Usage(requests=1)))
         raise
+
+
+def _upstreaming(request: Request, runtime: Runtime, team: Team | None) -> Upstreaming:
+    request_id: str = request.state.request_id
+    api_key = runtime.upstream_key(team)
+    # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
+    strip = team is not None
+    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+    return Upstreaming(
+        headers=to_upstream(
+            request.headers,
+            api_key=api_key,
+            request_id=request_id,
+            identity_encoding=True,
+            strip_credentials=strip,
+        ),
+        url=runtime.upstream.url_for("/v1/chat/completions", query),  # Azure's api-version rides on it
+        gateway_credentials=bool(api_key) or strip,
+    )
 
 
 async def _forward(
@@ -89,33 +110,19 @@ async def _forward(
     runtime: Runtime,
     chat: ChatRequest,
     plan: Plan,
-    team: Team | None,
+    upstream: Upstreaming,
     admission: Admission | None,
     strip_usage: bool,
 ) -> Response:
     request_id: str = request.state.request_id
-    api_key = runtime.upstream_key(team)
-    # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
-    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=team is not None)
-    upstream = Upstreaming(
-        headers=to_upstream(
-            request.headers,
-            api_key=api_key,
-            request_id=request_id,
-            identity_encoding=True,
-            strip_credentials=team is not None,
-        ),
-        url=runtime.upstream.url_for("/v1/chat/completions", query),  # Azure's api-version rides on it
-        gateway_credentials=bool(api_key) or team is not None,
-    )
-
     attempt = await _send(runtime, chat, plan, upstream)
     retried = False
     first_overflow = attempt.overflow
     retry_budget = None
+    believed = None
     if first_overflow is not None and chat.mode != "off":
-        await runtime.learn_from_overflow(chat.model, first_overflow)
-        retry_budget = overflow_retry_budget(runtime, chat, plan, first_overflow)
+        believed = runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, plan, first_overflow))
+        retry_budget = overflow_retry_budget(runtime, chat, plan, first_overflow, believed)
     if first_overflow is not None and retry_budget is not None:
         retried = True
         attempt.reply.close()
@@ -123,13 +130,14 @@ async def _forward(
         attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
+            runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
             attempt.reply.close()
             raise GatewayError(
                 400,
                 "The upstream rejected the prompt as longer than the model's context window twice: "
                 f"first with {plan.tokens_after} tokens (as counted by the gateway), then after compressing "
                 f"to {retry_plan.tokens_after} tokens"
-                + (f" for a stated window of {first_overflow.window} tokens" if first_overflow.window else "")
+                + (f" for a stated window of {believed} tokens" if believed else "")
                 + ".",
                 param="messages",
                 code="context_length_exceeded",
@@ -138,6 +146,8 @@ async def _forward(
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
+    if attempt.reply.status == 200 and chat.mode != "off":
+        runtime.learn_from_success(chat.model, demand(chat, final_plan))
     saved = max(0, plan.tokens_before - final_plan.tokens_after)
     reply_headers = attempt.reply.headers if admission is None else without_rate_limits(attempt.reply.headers)
     headers = to_client(

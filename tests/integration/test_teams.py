@@ -37,7 +37,11 @@ def team_name() -> str:
 
 
 def start_team_gateway(
-    start_gateway: GatewayFactory, redis_url: str | None, team: str, **team_settings: Any
+    start_gateway: GatewayFactory,
+    redis_url: str | None,
+    team: str,
+    discovery: bool = False,
+    **team_settings: Any,
 ) -> str:
     teams = {
         team: {"keys": [hash_key(KEY)], "upstream_api_key": UPSTREAM_KEY, **team_settings},
@@ -46,6 +50,8 @@ def start_team_gateway(
     # A generous bound: these tests are about shared limits, not a loaded machine's Redis latency
     # (the failure tests below set their own).
     env = {"GATEWAY_TEAMS": json.dumps(teams), "GATEWAY_POLICY_STORE_TIMEOUT": "2"}
+    # Window discovery (GET /v1/models upstream) is off unless asked: tests count upstream requests.
+    env["GATEWAY_WINDOWS_DISCOVERY"] = str(discovery).lower()
     if redis_url:
         env["GATEWAY_REDIS_URL"] = redis_url
     return start_gateway(**env)
@@ -146,7 +152,7 @@ def test_upstream_never_receives_the_gateway_key(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
     team = team_name()
-    url = start_team_gateway(start_gateway, None, team)
+    url = start_team_gateway(start_gateway, None, team, discovery=True)
     client(url).chat.completions.create(model="gpt-4o", messages=HELLO)
     httpx.post(
         f"{url}/embeddings?api-key={KEY}&api-version=1",
@@ -155,15 +161,21 @@ def test_upstream_never_receives_the_gateway_key(
     ).raise_for_status()
     # A team without its own upstream key, and no upstream.api_key: no credential goes at all.
     httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {OTHER_KEY}"}).raise_for_status()
-    assert len(fake_upstream.received) == 3
+    # The gateway's own requests (window discovery) included.
+    assert any(seen.path == "/v1/models" and seen.method == "GET" for seen in fake_upstream.received[:-1])
     for seen in fake_upstream.received:
         assert KEY not in repr(seen.headers) + seen.query and OTHER_KEY not in repr(seen.headers)
-    assert [seen.headers.get("authorization") for seen in fake_upstream.received] == [
+    relayed = [
+        fake_upstream.requests_to("/v1/chat/completions")[-1],
+        fake_upstream.requests_to("/v1/embeddings")[-1],
+        fake_upstream.received[-1],
+    ]
+    assert [seen.headers.get("authorization") for seen in relayed] == [
         f"Bearer {UPSTREAM_KEY}",
         f"Bearer {UPSTREAM_KEY}",
         None,
     ]
-    assert fake_upstream.received[1].query == "api-version=1"
+    assert relayed[1].query == "api-version=1"
 
 
 def test_model_outside_the_team_list_is_model_not_found(
@@ -562,6 +574,7 @@ def test_fail_closed_answers_503_then_recovers(
     url = start_gateway(
         GATEWAY_TEAMS=json.dumps(teams),
         GATEWAY_REDIS_URL=own_redis.url,
+        GATEWAY_WINDOWS_DISCOVERY="false",
         GATEWAY_POLICY_ON_STORE_FAILURE="closed",
         GATEWAY_POLICY_BREAKER_COOLDOWN="0.2",
     )
@@ -594,6 +607,7 @@ def test_a_stalled_redis_costs_one_bounded_wait_then_the_breaker_opens(
     url = start_gateway(
         GATEWAY_TEAMS=json.dumps(teams),
         GATEWAY_REDIS_URL=own_redis.url,
+        GATEWAY_WINDOWS_DISCOVERY="false",
         GATEWAY_POLICY_STORE_TIMEOUT="0.05",
         GATEWAY_POLICY_BREAKER_COOLDOWN="60",
     )
