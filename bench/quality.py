@@ -1,17 +1,28 @@
 """Compression quality benchmark: context-gateway's `fit` against three baselines.
 
     python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000] [--agent-loop]
+                            [--only-loops] [--loop-steps 25,60,160] [--option KEY=VALUE ...]
 
 For budgets of 1/1.5, 1/3 and 1/10 of each generated conversation's size it
 prints, per method: fits %, strict-API-valid % (tests/fakes/validation.py),
-survival % of each canary kind, tokens kept %, median and p99 time per fit
-(token-count cache cleared before each call, so every method counts cold),
-and prefix stability over a growing agent conversation (share of turn N's
-compressed prompt, in tokens, that is an identical message prefix of turn
-N+1's). With --agent-loop a last column gives the same stability when the
-client also sends the requests an agent makes within a turn, after each
+survival % of each canary kind, tokens kept %, budget use (median of
+tokens after / budget), median and p99 time per fit (token-count cache
+cleared before each call, so every method counts cold), and prefix
+stability over a growing agent conversation (share of turn N's compressed
+prompt, in tokens, that is an identical message prefix of turn N+1's).
+With --agent-loop a last column gives the same stability when the client
+also sends the requests an agent makes within a turn, after each
 round of tool results (~3.5x the requests; the latest turn then holds tool
 results at full size, which become old and compressed at the next turn).
+Then agent loops (one task answered by 25, 60 and 160 tool steps of varied
+tools and sizes, both wire formats, half of them after three earlier turns) at
+1/1.5, 1/3 and 1/6 of their size: fits, strict-valid, task message intact,
+newest result intact, share of the three newest intact (median), share of
+tool calls still present (as calls), budget use, refusals, and prefix
+stability over growing loops that send a request after every step; against
+keep-newest and progressive-cap. `--option KEY=VALUE` runs context-gateway
+with another compression setting (as in config/gateway.example.yaml), to
+weigh budget use against cache stability.
 It ends with the time to fit a ~1M-token conversation into 128k against the
 time to merely count it once.
 
@@ -40,6 +51,8 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -60,6 +73,7 @@ from bench.conversations import (
     stated,
 )
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
 from tests.fakes.validation import validate_chat_messages
 
@@ -72,12 +86,11 @@ CONVERSATION_KINDS = ("agent", "support", "bilingual", "multimodal", "reasoning"
 Method = Callable[[list[Message], int], list[Message]]
 
 
-def gateway_fit(messages: list[Message], budget: int) -> list[Message]:
-    return list(fit(messages, model=MODEL, budget_tokens=budget).messages)
-
-
-def gateway_fit_without_digest(messages: list[Message], budget: int) -> list[Message]:
-    options = CompressionOptions(digest_ratio=0.0)
+def gateway_fit(
+    messages: list[Message],
+    budget: int,
+    options: CompressionOptions = CompressionOptions(),  # noqa: B008 - frozen, safe to share
+) -> list[Message]:
     return list(fit(messages, model=MODEL, budget_tokens=budget, options=options).messages)
 
 
@@ -328,12 +341,6 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
 
 
 DIGEST_RATIOS = (2.0, 4.0, 10.0)
-DIGEST_METHODS: dict[str, Method] = {
-    "gateway+digest": gateway_fit,
-    "gateway, no digest": gateway_fit_without_digest,
-    "keep-newest": keep_newest,
-    "middle-out": middle_out,
-}
 
 
 def evaluate_stated(method: Method, conversations: list[Stated], ratio: float) -> dict[str, float]:
@@ -353,7 +360,13 @@ def evaluate_stated(method: Method, conversations: list[Stated], ratio: float) -
     return {key: 100 * statistics.fmean(values) if values else 0.0 for key, values in rows.items()}
 
 
-def print_digest(seeds: int) -> None:
+def print_digest(seeds: int, options: CompressionOptions) -> None:
+    methods: dict[str, Method] = {
+        "gateway+digest": partial(gateway_fit, options=options),
+        "gateway, no digest": partial(gateway_fit, options=replace(options, digest_ratio=0.0)),
+        "keep-newest": keep_newest,
+        "middle-out": middle_out,
+    }
     conversations = [stated(kind, seed) for kind in CONVERSATION_KINDS for seed in range(seeds)]
     header = (
         f"{'budget':>7} {'method':<19} {'fits':>5} {'valid':>5} "
@@ -364,7 +377,7 @@ def print_digest(seeds: int) -> None:
     print(header)
     print("-" * len(header))
     for ratio in DIGEST_RATIOS:
-        for name, method in DIGEST_METHODS.items():
+        for name, method in methods.items():
             r = evaluate_stated(method, conversations, ratio)
             mean = statistics.fmean(r[k] for k in STATED_KINDS)
             print(
@@ -392,12 +405,26 @@ def main() -> None:
     )
     parser.add_argument("--growing-steps", type=int, default=80, help="steps of the growing loops")
     parser.add_argument("--only-loops", action="store_true", help="print only the agent-loop table")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a compression setting for context-gateway, e.g. recent_steps_ratio=0.7 (repeatable)",
+    )
     parser.add_argument("--digest", action="store_true", help="print only the digest on/off table")
     args = parser.parse_args()
+    environ = {f"GATEWAY_COMPRESSION_{k.upper()}": v for k, _, v in (o.partition("=") for o in args.option)}
+    try:
+        options = load_settings(None, environ).compression
+    except ConfigError as problem:
+        parser.error(str(problem))
     if args.digest:
-        print_digest(args.seeds)
+        print_digest(args.seeds, options)
         return
     methods = {name: METHODS[name] for name in args.methods.split(",")}
+    if "context-gateway" in methods:
+        methods["context-gateway"] = partial(gateway_fit, options=options)
     loop_methods = {name: method for name, method in methods.items() if name in LOOP_METHODS}
     steps = [int(n) for n in args.loop_steps.split(",")]
     if args.only_loops:

@@ -42,8 +42,8 @@ prompt, the latest user message and the newest step cannot fit at the floor.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every
-request. Each rung of stages 1–4 applies to the whole history before the
-latest turn or not at all: on a growing conversation the previous compressed
+request. Each rung of stages 1–4 applies to the whole history (older turns
+and older steps alike) or not at all: on a growing conversation the previous compressed
 prompt is then reproduced byte for byte, followed by the newly old messages
 in compressed form, and the prefix only breaks when the rung changes. Applying
 a rung oldest-first up to a moving cut was measured to break the prefix at the
@@ -489,7 +489,7 @@ class _Fitter:
         Decisions depend on the budget, never on the aggressive target, so
         both modes climb the same rungs and aggressive only climbs further.
         """
-        room = self.budget - self.stable_base  # for the history, the latest turn left out
+        room = self.budget - self.stable_base  # for the history, the latest turn (recent steps) left out
         n = len(self.old)
         rungs: list[int] = []
         previous, last = self._prefix(0), 0
@@ -698,7 +698,7 @@ class _Fitter:
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
-        first = [i for i in indices if i not in last]
+        first = [i for i in indices if newest is None or i < newest.start]
         floor = self.options.protected_floor_tokens
         shrunk: dict[int, Message] = {}
         best = self.before
@@ -720,23 +720,24 @@ class _Fitter:
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
 
     def _shrink_protected(self, index: int, cap: int) -> Message:
-        """The message trimmed to about `cap` tokens, never fewer (the floor is a promise).
+        """The message trimmed to about `cap` tokens, never below the floor (a promise).
 
         The character limit comes from the message's density, which a trim
         can change (it keeps whole lines and sentences, which may be denser
-        than the average): when the result falls short of the cap, the limit
+        than the average): when the result falls below the floor, the limit
         is scaled up and the trim redone; a message that cannot be trimmed to
-        at least the cap is kept whole.
+        at least the floor is kept whole.
         """
+        floor = self.options.protected_floor_tokens
         original = self.messages[index]
         cpt = self._chars_per_token(index)
         limit = int(cap * cpt)
         for _ in range(8):
             message = truncate_message(_trim(self.names, int(limit / cpt), original, cpt), limit, cpt)
             tokens = self.counter.message(message)
-            if tokens >= cap or message is original:
+            if tokens >= floor or message is original:
                 return message
-            limit = int(limit * cap / max(1, tokens)) + 16
+            limit = int(limit * floor / max(1, tokens)) + 16
         return original
 
     # -- output -----------------------------------------------------------

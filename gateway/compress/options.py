@@ -62,7 +62,8 @@ class CompressionOptions:
         share of the budget when possible, leaving headroom; it never keeps
         more than the plain fit of the same budget.
     protected_floor_tokens: stage 6 never trims a protected message (system
-        prompt, latest turn) below about this size; below that, fit refuses.
+        prompt, latest user message, newest step) below this size; below
+        that, fit refuses.
     """
 
     tool_result_caps: tuple[int, ...] = (2048, 256)

@@ -16,6 +16,13 @@ class Store(Protocol):
 
     async def remove_if(self, key: str, value: str) -> None:
         """Delete `key` only while it still holds `value` (release a lock only its holder owns)."""
+
+    async def delete(self, key: str) -> bool:
+        """Remove ``key``; True when it existed."""
+        ...
+
+    async def keys(self, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` live keys starting with ``prefix`` (for listings, never on requests)."""
         ...
 
     async def ping(self) -> bool: ...

@@ -33,6 +33,15 @@ class MemoryStore:
         if await self.get(key) == value:
             del self._values[key]
 
+    async def delete(self, key: str) -> bool:
+        return self._values.pop(key, None) is not None
+
+    async def keys(self, prefix: str, limit: int) -> list[str]:
+        live = [
+            key for key in list(self._values) if key.startswith(prefix) and await self.get(key) is not None
+        ]
+        return live[:limit]
+
     async def ping(self) -> bool:
         return True
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from gateway.compress.fit import omitted_marker
 from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import counter_for
 from tests.fakes.validation import validate_chat_messages
+from tests.unit.test_fit_cases import prefix_shares
 
 MODEL = "gpt-4o"
 COUNTER = counter_for(MODEL)
@@ -157,14 +157,7 @@ def test_growing_loop_shares_its_prefix_step_after_step() -> None:
     messages = loop(80)
     budget = COUNTER.messages(messages) // 3
     outputs = [fit(messages[: 2 + 2 * n], model=MODEL, budget_tokens=budget).messages for n in range(1, 81)]
-    shares = []
-    for before, after in itertools.pairwise(outputs):
-        same = 0
-        for a, b in zip(before, after, strict=False):
-            if a != b:
-                break
-            same += 1
-        shares.append(COUNTER.messages(before[:same]) / COUNTER.messages(before))
+    shares = prefix_shares(outputs)
     # The recent window moves on a grid: most requests only append; a request after every
     # step breaks the prefix only when the window jumps or a rung changes.
     assert sum(share == 1.0 for share in shares) >= 0.7 * len(shares)
