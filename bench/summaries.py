@@ -35,6 +35,7 @@ from prometheus_client import REGISTRY
 
 import gateway  # noqa: F401  (offline tiktoken)
 from bench.conversations import Stated, stated
+from bench.quality import prefix_share
 from gateway.chat_request import parse_chat_request
 from gateway.planning import plan_request
 from gateway.runtime import Runtime
@@ -50,15 +51,6 @@ def requests(conversation: Stated) -> list[list[dict[str, Any]]]:
     """Each prefix of the conversation that ends on a user message: the requests a chat app sends."""
     messages = conversation.messages
     return [messages[: i + 1] for i, m in enumerate(messages) if m["role"] == "user" and i > 2]
-
-
-def prefix_share(before: list[Any], after: list[Any]) -> float:
-    same = 0
-    for a, b in zip(before, after, strict=False):
-        if a != b:
-            break
-        same += 1
-    return COUNTER.messages(before[:same]) / COUNTER.messages(before)
 
 
 def cache_hits() -> float:

@@ -46,6 +46,19 @@ async def test_ttl_expires(store: Store) -> None:
     assert await store.get(key) is None
 
 
+async def test_a_lock_has_one_holder_and_only_its_holder_releases_it(store: Store) -> None:
+    key = _key()
+    assert await store.add(key, "token-a", 5) is True
+    assert await store.add(key, "token-b", 5) is False  # taken
+    await store.remove_if(key, "token-b")  # not the holder: nothing happens
+    assert await store.get(key) == "token-a"
+    await store.remove_if(key, "token-a")
+    assert await store.get(key) is None
+    assert await store.add(key, "token-b", 1) is True
+    await asyncio.sleep(1.2)  # an abandoned lock expires
+    assert await store.add(key, "token-c", 5) is True
+
+
 async def test_ping(store: Store) -> None:
     assert await store.ping() is True
 
