@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,7 +11,7 @@ import orjson
 from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.compress import ContextBudgetExceeded, fit
-from gateway.compress.fit import DroppedSpan
+from gateway.compress.fit import DroppedSpan, FitResult, with_summaries
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
@@ -41,7 +40,7 @@ class Plan:
     tokens_before: int = 0
     tokens_after: int = 0
     stages: tuple[str, ...] = ()
-    spans: tuple[DroppedSpan, ...] = ()  # what fit dropped: the summarizer's work
+    result: FitResult | None = None  # the fit, when there was one (its spans: the summarizer's work)
     # The budget is the team's max_context_tokens, below what the model's window allows.
     capped: bool = False
     # The exact count of a prompt already known to fit, running while the upstream works.
@@ -86,9 +85,12 @@ async def plan_request(
     tokens = await count_request_async(counter, chat.payload)
     if tokens <= budget and chat.mode != "aggressive":
         return Plan(chat.raw, budget, tokens, tokens, capped=capped)
-    plan = await _fit(runtime, chat, counter, tokens, budget, {})
-    if runtime.summarizer is not None and plan.spans:
-        plan = await _with_summaries(runtime, runtime.summarizer, plan, chat, counter, tokens, budget)
+    if len(chat.raw) > FIT_IN_THREAD_BYTES:
+        plan = await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
+    else:
+        plan = _fitted_plan(runtime, chat, counter, tokens, budget)
+    if runtime.summarizer is not None and plan.result is not None and plan.result.spans:
+        plan = await _with_summaries(runtime, runtime.summarizer, plan, plan.result, chat)
     for stage in plan.stages:
         metrics.COMPRESSIONS.labels(stage).inc()
     metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - plan.tokens_after))
@@ -96,46 +98,31 @@ async def plan_request(
     return plan
 
 
-async def _fit(
-    runtime: Runtime,
-    chat: ChatRequest,
-    counter: TokenCounter,
-    tokens: int,
-    budget: int,
-    summaries: Mapping[str, str],
-) -> Plan:
-    if len(chat.raw) > FIT_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget, summaries)
-    return _fitted_plan(runtime, chat, counter, tokens, budget, summaries)
-
-
 async def _with_summaries(
-    runtime: Runtime,
-    summarizer: Summarizer,
-    plan: Plan,
-    chat: ChatRequest,
-    counter: TokenCounter,
-    tokens: int,
-    budget: int,
+    runtime: Runtime, summarizer: Summarizer, plan: Plan, result: FitResult, chat: ChatRequest
 ) -> Plan:
     """The summarizer's hook: summaries for the spans the plan drops, and the work for the next request.
 
     Where fit cuts never depends on summaries, so the spans of the plan made
-    without them are the spans to look up. Background mode uses what the
+    without them are the spans to look up, and the summaries found only take
+    their markers' place (`with_summaries`). Background mode uses what the
     store holds and makes the rest after the request has gone on; inline
     mode waits for them up to the summarizer's timeout. Whatever is missing
     stays the digest.
     """
-    summaries = await summarizer.cached(plan.spans)
-    missing = [span for span in plan.spans if span.key not in summaries]
+    summaries = await summarizer.cached(result.spans)
+    missing = [span for span in result.spans if span.key not in summaries]
     if missing and not summarizer.background:
         summaries.update(await summarizer.wait_for(missing, chat.model))
     elif missing:
         for span in missing:
             runtime.in_background(_make(summarizer, span, chat.model))
-    if not any(summaries.values()):  # ("": a span whose summary failed; it keeps the digest)
+    summarized = with_summaries(result, summaries, model=chat.model)
+    if summarized is result:  # (none found, or "": a span whose summary failed keeps the digest)
         return plan
-    return await _fit(runtime, chat, counter, tokens, budget, summaries)
+    body = orjson.dumps({**chat.payload, "messages": summarized.messages})
+    tokens_after = plan.tokens_after + summarized.tokens_after - result.tokens_after
+    return Plan(body, plan.budget, plan.tokens_before, tokens_after, summarized.stages, summarized)
 
 
 async def _make(summarizer: Summarizer, span: DroppedSpan, model: str) -> None:
@@ -148,12 +135,7 @@ def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
 
 
 def _fitted_plan(
-    runtime: Runtime,
-    chat: ChatRequest,
-    counter: TokenCounter,
-    tokens: int,
-    budget: int,
-    summaries: Mapping[str, str],
+    runtime: Runtime, chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int
 ) -> Plan:
     messages = chat.messages
     # Tool definitions, functions and response_format count against the budget but are never cut.
@@ -165,7 +147,6 @@ def _fitted_plan(
             budget_tokens=budget - fixed,
             options=runtime.settings.compression,
             aggressive=chat.mode == "aggressive",
-            summaries=summaries,
         )
     except ContextBudgetExceeded as exc:
         metrics.REFUSALS.inc()
@@ -182,7 +163,7 @@ def _fitted_plan(
     if not result.stages:
         return Plan(chat.raw, budget, tokens, tokens)
     body = orjson.dumps({**chat.payload, "messages": result.messages})
-    return Plan(body, budget, tokens, result.tokens_after + fixed, tuple(result.stages), result.spans)
+    return Plan(body, budget, tokens, result.tokens_after + fixed, tuple(result.stages), result)
 
 
 def demand(chat: ChatRequest, plan: Plan) -> int:

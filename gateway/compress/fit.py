@@ -162,6 +162,7 @@ class DroppedSpan:
     previous: int
     room: int  # tokens an account of this span may take
     account: str
+    index: int = 0  # position of its marker in the result's messages
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,44 @@ def omitted_marker(dropped: Sequence[Message], account: str = "") -> dict[str, A
     if not account:
         return {"role": "user", "content": line + "]"}
     return {"role": "user", "content": f"{line}; what they held:]\n{account}"}
+
+
+def with_summaries(result: FitResult, summaries: Mapping[str, str], *, model: str) -> FitResult:
+    """`result` with the summaries given for its dropped spans in their markers, instead of digests.
+
+    The same as fitting again with `summaries` (where to cut never depends
+    on them), without the cost: a caller that learns which spans are dropped
+    from a first fit looks their summaries up, then only swaps the markers.
+    """
+    counter = counter_for(model)
+    messages = list(result.messages)
+    spans: list[DroppedSpan] = []
+    after = result.tokens_after
+    for span in result.spans:
+        summary = summaries.get(span.key)
+        if span.account == "summary" or not _usable(summary, span.room, counter):
+            spans.append(span)
+            continue
+        marker = omitted_marker(span.messages, summary or "")
+        after += counter.message(marker) - counter.message(messages[span.index])
+        messages[span.index] = marker
+        spans.append(replace(span, account="summary"))
+    if all(a is b for a, b in zip(spans, result.spans, strict=True)):
+        return result
+    accounts = {span.account for span in spans if span.account}
+    stages = (set(result.stages) - {"digest", "summary"}) | accounts
+    return replace(
+        result,
+        messages=messages,
+        tokens_after=after,
+        stages=tuple(name for name in REPORTED if name in stages),
+        spans=tuple(spans),
+    )
+
+
+def _usable(summary: str | None, room: int, counter: TokenCounter) -> bool:
+    """A summary stands for its span only when there is one and it fits the span's room."""
+    return bool(summary) and room > 0 and counter.text(summary or "") <= room
 
 
 def span_key(messages: Sequence[Message]) -> str:
@@ -653,8 +692,8 @@ class _Fitter:
         if room <= 0:
             return "", ""
         summary = self.summaries.get(key)
-        if summary and self.counter.text(summary) <= room:
-            return "summary", summary
+        if _usable(summary, room, self.counter):
+            return "summary", summary or ""
         text = _digest(dropped, key, room, self.counter)
         return ("digest", text) if text else ("", "")
 
@@ -754,6 +793,7 @@ class _Fitter:
         old_index = {unit.start: k for k, unit in enumerate(self.old)}
         spans = self._spans_out(head, cut, accounts)
         markers = {k: marker for k, _, marker in spans}
+        positions: dict[int, int] = {}
         out: list[Message] = []
         after = self.fixed
         stages: set[str] = set()
@@ -766,6 +806,7 @@ class _Fitter:
                     after += self.sizes[i] if message is self.messages[i] else self.counter.message(message)
             elif head <= k < cut:
                 if k in markers:
+                    positions[k] = len(out)
                     out.append(markers[k])
                     after += self.counter.message(markers[k])
             else:
@@ -786,7 +827,7 @@ class _Fitter:
             budget_tokens=self.budget,
             stages=tuple(name for name in REPORTED if name in stages),
             messages_dropped=dropped,
-            spans=tuple(span for _, span, _ in spans),
+            spans=tuple(replace(span, index=positions[k]) for k, span, _ in spans),
         )
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import gateway  # noqa: F401
 from gateway.compress import CompressionOptions, fit
 from gateway.compress.digest import digest
-from gateway.compress.fit import span_key
+from gateway.compress.fit import span_key, with_summaries
 from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import counter_for
 from tests.fakes.validation import validate_chat_messages
@@ -228,6 +228,17 @@ def test_a_given_summary_replaces_the_digest_for_that_exact_span() -> None:
     other = fit(messages, model=MODEL, budget_tokens=6_000, summaries={"0" * 32: summary})
     huge = fit(messages, model=MODEL, budget_tokens=6_000, summaries={span.key: "word " * 5_000})
     assert other.messages == plain.messages and huge.messages == plain.messages
+
+
+def test_swapping_summaries_in_equals_fitting_with_them() -> None:
+    messages = [*conversation(40), {"role": "user", "content": "next?"}]
+    plain = fit(messages, model=MODEL, budget_tokens=6_000)
+    (span,) = plain.spans
+    summary = "Rules: never deploy on Fridays. Latest build: B0020."
+    swapped = with_summaries(plain, {span.key: summary}, model=MODEL)
+    assert swapped == fit(messages, model=MODEL, budget_tokens=6_000, summaries={span.key: summary})
+    assert swapped.messages[span.index]["content"].endswith(summary)
+    assert with_summaries(plain, {span.key: ""}, model=MODEL) is plain  # a failed span keeps its digest
 
 
 def test_the_marker_stays_byte_identical_while_the_cut_stays_put() -> None:
