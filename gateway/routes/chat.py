@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from yarl import URL
 
@@ -57,6 +57,10 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(
         await read_body(request, runtime.settings.server.max_body_bytes), request.headers
     )
+    # uvicorn stops reading a connection while a large body waits for the app, and a hang-up is
+    # seen only once it reads again: asking now resumes reading, so that a client leaving while
+    # its request is counted and fitted is noticed before the upstream call.
+    await request.is_disconnected()
     plan = await plan_request(runtime, chat)
     metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
     api_key = runtime.settings.upstream.api_key
@@ -67,6 +71,7 @@ async def chat_completions(request: Request) -> Response:
         gateway_credentials=bool(api_key),
     )
 
+    await _stop_if_client_left(request, plan)
     attempt = await _send(runtime, chat, plan, upstream)
     retried = False
     first_overflow = attempt.overflow
@@ -78,6 +83,7 @@ async def chat_completions(request: Request) -> Response:
         retried = True
         attempt.reply.close()
         retry_plan = await plan_request(runtime, chat, budget=retry_budget)
+        await _stop_if_client_left(request, retry_plan)
         attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
@@ -119,6 +125,15 @@ async def chat_completions(request: Request) -> Response:
         headers.append((b"content-length", str(len(body)).encode()))
     response.raw_headers = headers
     return response
+
+
+async def _stop_if_client_left(request: Request, plan: Plan) -> None:
+    """Counting and fitting a large body takes a while: if its client hung up meanwhile, nobody
+    would read the answer, so the upstream is not called (nor billed)."""
+    if await request.is_disconnected():
+        if plan.counting is not None:
+            plan.counting.cancel()
+        raise ClientDisconnect
 
 
 async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstreaming) -> Attempt:

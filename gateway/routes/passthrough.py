@@ -26,6 +26,8 @@ async def passthrough(request: Request) -> Response:
     path = upstream_path(request.scope["raw_path"])
     body = await _request_body(request, runtime.settings.server.max_passthrough_body_bytes)
     api_key = runtime.settings.upstream.api_key
+    if isinstance(body, bytes) and await request.is_disconnected():
+        raise ClientDisconnect  # nobody would read the answer: the upstream is not called
     try:
         reply = await runtime.upstream.send(
             request.method,
