@@ -1,8 +1,10 @@
-"""The ``context-gateway`` command: serve, compress, count."""
+"""The ``context-gateway`` command: serve, compress, count, windows."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,17 +12,21 @@ from typing import Any
 
 import orjson
 
-from gateway.settings import ConfigError, load_settings
+from gateway import __version__
+from gateway.settings import CONFIG_ENV, ConfigError, Settings, is_loopback, load_settings, redact_url
+
+log = logging.getLogger("gateway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="context-gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"context-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="YAML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 8080)")
+    serve.add_argument("--port", type=_port, help="listen port (default 8080)")
 
     compress = commands.add_parser("compress", help="dry-run the compression of a request body")
     compress.add_argument("--model", required=True)
@@ -38,12 +44,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     count.add_argument("--verbose", action="store_true", help="per-message counts")
     count.add_argument("file", help="chat-completions request body or bare message list (JSON); - for stdin")
 
+    windows = commands.add_parser("windows", help="show or clear learned and discovered context windows")
+    actions = windows.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="learned and discovered windows in the store (Redis)")
+    listing.add_argument("--config", help="YAML config file (for redis_url)")
+    listing.add_argument(
+        "--limit", type=int, default=1000, help="at most this many of each kind (default 1000)"
+    )
+    forget = actions.add_parser("forget", help="clear what the store holds for a model, on every replica")
+    forget.add_argument("--config", help="YAML config file (for redis_url)")
+    forget.add_argument("model", help="the model name as clients send it")
+    resolve = actions.add_parser(
+        "resolve", help="the window each name resolves to without the store, and why"
+    )
+    resolve.add_argument("--config", help="YAML config file (for model window overrides)")
+    resolve.add_argument("model", nargs="+", help="model names as clients send them")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
         if args.command == "compress":
             return _compress(args)
+        if args.command == "windows":
+            return _windows(args)
         return _count(args)
     except ConfigError as exc:
         print(f"context-gateway: configuration error: {exc}", file=sys.stderr)
@@ -57,12 +81,41 @@ class InputError(Exception):
     pass
 
 
+def _port(text: str) -> int:
+    """A listen port: 1–65535, or argparse's own usage error (never a silently wrapped number)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, got {port}")
+    return port
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.server.run import serve
 
-    settings = load_settings(args.config)
-    serve(settings, host=args.host or settings.server.host, port=args.port or settings.server.port)
+    settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
+    logging.basicConfig(
+        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log.info("%s", startup_line(settings, args.config))
+    serve(settings, host=settings.server.host, port=settings.server.port)
     return 0
+
+
+def startup_line(settings: Settings, config_path: str | None) -> str:
+    """What an operator needs to know this process is the one they meant to start."""
+    source = config_path or os.environ.get(CONFIG_ENV) or "built-in defaults"
+    store = redact_url(settings.redis_url) if settings.redis_url else "memory (this process only)"
+    host = settings.server.host
+    address = f"[{host}]" if ":" in host else host
+    key = "the gateway's own key" if settings.upstream.api_key else "each caller's own key"
+    exposure = "" if is_loopback(host) else " (reachable from the network)"
+    return (
+        f"context-gateway {__version__}: config {source}; upstream {redact_url(settings.upstream.base_url)} "
+        f"with {key}; store {store}; listening on http://{address}:{settings.server.port}{exposure}"
+    )
 
 
 def _read_request(path: str) -> dict[str, Any]:
@@ -130,6 +183,58 @@ def _count(args: argparse.Namespace) -> int:
     print(f"context window: {window.tokens} (from {window.source})")
     print(f"usable budget: {budget} -> {'fits' if tokens <= budget else 'over budget: would be compressed'}")
     return 0
+
+
+def _windows(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.tokens.windows import WindowResolver
+
+    settings = load_settings(args.config)
+    if args.action == "resolve":
+        resolver = WindowResolver(overrides=settings.window_overrides())
+        for model in args.model:
+            found = resolver.resolve_window(model)
+            detail = f" ({found.detail})" if found.detail else ""
+            print(f"{model}\t{found.tokens or '-'}\t{found.source}{detail}")
+        return 0
+    if not settings.redis_url:
+        print(
+            "context-gateway: no redis_url configured: each gateway process keeps its learned windows "
+            "in its own memory, out of reach of this command (they expire after "
+            f"windows.learned_ttl_seconds = {settings.windows.learned_ttl_seconds} s)",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(_windows_in_store(args, settings))
+
+
+async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from gateway.store import open_store
+    from gateway.tokens.window_records import forget, list_records
+
+    store = open_store(settings.redis_url)
+    try:
+        if args.action == "forget":
+            deleted = await forget(store, args.model)
+            print(
+                f"{args.model}: {deleted} record(s) removed" if deleted else f"{args.model}: nothing stored"
+            )
+            return 0
+        records = await list_records(store, max(1, args.limit))
+        print("model\twindow\tsource\texpires in\tdetail")
+        now = time.time()
+        for record in records:
+            expires = f"{max(0, round(record.expires_at - now))} s"
+            print(f"{record.model}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+        return 0
+    except (OSError, ConnectionError) as exc:
+        print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
 
 
 if __name__ == "__main__":

@@ -34,3 +34,9 @@ GATEWAY_OVERHEAD = Histogram(
     "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+WINDOW_EVIDENCE = Counter(
+    "gateway_window_evidence_total",
+    "What upstream overflow errors taught about context windows: a believed stated window, a refused "
+    "size (no window stated), or an implausible stated window that was ignored.",
+    ["kind"],
+)

@@ -15,8 +15,10 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+import orjson
 from multidict import CIMultiDict
 from tenacity import (
     AsyncRetrying,
@@ -294,6 +296,37 @@ class Upstream:
         cfg = self.settings.retries
         backoff = wait_random_exponential(multiplier=cfg.backoff_initial, max=cfg.backoff_max)
         return float(backoff(state))
+
+    async def fetch_json(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, *, max_bytes: int
+    ) -> Any:
+        """One attempt, no retries, for the gateway's own look-ups (window discovery): the
+        parsed JSON of a 200 answer, else None. Never raises; callers bound the time."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.request(
+                method,
+                URL(url),
+                headers={
+                    **headers,
+                    "Accept": "application/json",
+                    "Accept-Encoding": "identity",
+                    **({"Content-Type": "application/json"} if body is not None else {}),
+                },
+                data=body,
+                allow_redirects=False,
+            ) as response:
+                if response.status != 200:
+                    return None
+                content = bytearray()
+                async for chunk in response.content.iter_any():
+                    content += chunk
+                    if len(content) > max_bytes:
+                        return None
+                return orjson.loads(content)
+        except (aiohttp.ClientError, orjson.JSONDecodeError, ValueError, UnicodeError):
+            return None
 
     async def _attempt(
         self,

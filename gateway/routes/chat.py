@@ -18,7 +18,7 @@ from gateway import metrics
 from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
-from gateway.planning import Plan, overflow_retry_budget, plan_request
+from gateway.planning import Plan, demand, overflow_retry_budget, plan_request, refusal_of
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.relay import (
     cancel_safely,
@@ -61,8 +61,6 @@ async def chat_completions(request: Request) -> Response:
     # seen only once it reads again: asking now resumes reading, so that a client leaving while
     # its request is counted and fitted is noticed before the upstream call.
     await request.is_disconnected()
-    plan = await plan_request(runtime, chat)
-    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
     api_key = runtime.settings.upstream.api_key
     query = upstream_query(request.url.query, api_key=api_key)  # Azure's api-version rides on it
     upstream = Upstreaming(
@@ -70,15 +68,19 @@ async def chat_completions(request: Request) -> Response:
         url=runtime.upstream.url_for("/v1/chat/completions", query),
         gateway_credentials=bool(api_key),
     )
+    await runtime.discover(chat.model, upstream.headers)
+    plan = await plan_request(runtime, chat)
+    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
 
     await _stop_if_client_left(request, plan)
     attempt = await _send(runtime, chat, plan, upstream)
     retried = False
     first_overflow = attempt.overflow
     retry_budget = None
+    believed = None
     if first_overflow is not None and chat.mode != "off":
-        await runtime.learn_from_overflow(chat.model, first_overflow)
-        retry_budget = overflow_retry_budget(runtime, chat, plan, first_overflow)
+        believed = runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, plan, first_overflow))
+        retry_budget = overflow_retry_budget(runtime, chat, plan, first_overflow, believed)
     if first_overflow is not None and retry_budget is not None:
         retried = True
         attempt.reply.close()
@@ -87,13 +89,14 @@ async def chat_completions(request: Request) -> Response:
         attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
+            runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
             attempt.reply.close()
             raise GatewayError(
                 400,
                 "The upstream rejected the prompt as longer than the model's context window twice: "
                 f"first with {plan.tokens_after} tokens (as counted by the gateway), then after compressing "
                 f"to {retry_plan.tokens_after} tokens"
-                + (f" for a stated window of {first_overflow.window} tokens" if first_overflow.window else "")
+                + (f" for a stated window of {believed} tokens" if believed else "")
                 + ".",
                 param="messages",
                 code="context_length_exceeded",
@@ -102,6 +105,8 @@ async def chat_completions(request: Request) -> Response:
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
+    if attempt.reply.status == 200 and chat.mode != "off":
+        runtime.learn_from_success(chat.model, demand(chat, final_plan))
     headers = to_client(
         attempt.reply.headers, request_id=request_id, extra=_gateway_headers(final_plan, retried=retried)
     )
