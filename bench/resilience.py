@@ -1,6 +1,7 @@
 """What a context overflow costs when the gateway recovers from it, and how fast it stops happening.
 
     python bench/resilience.py [--runs N] [--requests N] [--window N]
+    python bench/resilience.py --hostile [--names N] [--idle N]
 
 Servers, each its own process on 127.0.0.1, stopped at exit (and killed with the bench):
 
@@ -23,6 +24,12 @@ Servers, each its own process on 127.0.0.1, stopped at exit (and killed with the
 (b) First-try success for an unknown model before and after the first overflow taught the
     window: one growing conversation (each request adds an exchange), the gateway's answer
     headers say whether an overflow retry was needed.
+
+(c) Hostile input (`--hostile`, run alone): one gateway with default settings in front of the
+    windowless fake, a normal client sending small chat requests all along, and one attack at a
+    time: slash model names, 1 MB model names, idle sockets, a 10 MB header, three unfinished
+    100 MB headers, a 10 MB body abandoned by its client. Per attack: its time and answer, the
+    gateway's RSS before and after (2 s later) and CPU, the normal client's p99 and failures.
 
 Latencies are from the client (whole body read) on a small shared machine: compare rows
 measured side by side, not absolute milliseconds.

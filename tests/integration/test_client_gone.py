@@ -28,7 +28,7 @@ def test_no_upstream_call_after_the_client_left_during_fitting(
         )
     # The same request from a client that stays is answered (compressed) within this time.
     time.sleep(8)
-    assert fake_upstream.received == []
+    assert fake_upstream.requests_to("/v1/chat/completions") == []
 
 
 def test_the_same_request_from_a_client_that_stays_is_forwarded(
