@@ -29,7 +29,8 @@ Servers, each its own process on 127.0.0.1, stopped at exit (and killed with the
     windowless fake, a normal client sending small chat requests all along, and one attack at a
     time: slash model names, 1 MB model names, idle sockets, a 10 MB header, three unfinished
     100 MB headers, a 10 MB body abandoned by its client. Per attack: its time and answer, the
-    gateway's RSS before and after (2 s later) and CPU, the normal client's p99 and failures.
+    gateway's RSS before and after (2 s later) and CPU, the normal client's p99 and failures
+    during the attack and the 2 s after it.
 
 Latencies are from the client (whole body read) on a small shared machine: compare rows
 measured side by side, not absolute milliseconds.
@@ -418,7 +419,8 @@ def hostile_table(logs: Path, names: int, idle: int) -> tuple[float, list[Hostil
                 except httpx.HTTPError as exc:
                     outcome = f"no answer ({type(exc).__name__})"
                 seconds = time.perf_counter() - started
-            time.sleep(SETTLE_SECONDS)
+                # The normal client's window is the attack and the time right after it.
+                time.sleep(SETTLE_SECONDS)
             failed = sum(1 for _, status in normal.samples if status != 200)
             rows.append(
                 HostileRow(

@@ -69,7 +69,7 @@ async def chat_completions(request: Request) -> Response:
         gateway_credentials=bool(api_key),
     )
     await runtime.discover(chat.model, upstream.headers)
-    plan = await plan_request(runtime, chat)
+    plan = await plan_request(runtime, chat, client_gone=request.is_disconnected)
     metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
 
     await _stop_if_client_left(request, plan)
@@ -84,7 +84,9 @@ async def chat_completions(request: Request) -> Response:
     if first_overflow is not None and retry_budget is not None:
         retried = True
         attempt.reply.close()
-        retry_plan = await plan_request(runtime, chat, budget=retry_budget)
+        retry_plan = await plan_request(
+            runtime, chat, budget=retry_budget, client_gone=request.is_disconnected
+        )
         await _stop_if_client_left(request, retry_plan)
         attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
