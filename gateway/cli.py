@@ -93,26 +93,14 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.server.run import serve
 
     settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
-    host, port = settings.server.host, settings.server.port
     logging.basicConfig(
         level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("%s", startup_line(settings, args.config))
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.server.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    serve(settings, host=settings.server.host, port=settings.server.port)
     return 0
 
 

@@ -55,10 +55,23 @@ class ServerSettings:
     port: int = 8080
     # Bodies above this are refused with 413 before being read in full.
     max_body_bytes: int = 32 * 1024 * 1024
+    # The same for the pass-through routes (file uploads): OpenAI accepts files up to 512 MB.
+    max_passthrough_body_bytes: int = 512 * 1024 * 1024
     log_level: str = "info"
     # An upstream key, no gateway keys and a non-loopback address make an open relay: refused
     # at start-up unless the operator says this is what they mean.
     allow_unauthenticated: bool = False
+    # Open client connections; beyond it the oldest idle one is closed, else the new one.
+    # Lowered at start-up to fit under the process's open-file limit.
+    max_connections: int = 4096
+    # Request line plus headers; larger ones answer 431.
+    max_header_bytes: int = 64 * 1024
+    # Seconds from a request's first byte (or the connection's start) to the end of its headers.
+    header_timeout: float = 15.0
+    # Longest silence, in seconds, inside a request body.
+    body_timeout: float = 60.0
+    # Seconds an idle keep-alive connection stays open between requests.
+    keep_alive_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
