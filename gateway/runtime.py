@@ -29,6 +29,8 @@ log = logging.getLogger("gateway")
 CALIBRATION_SAVE_EVERY = 10
 # Largest model-list body read during discovery (OpenRouter's list is a few hundred KB).
 DISCOVERY_MAX_BYTES = 8 * 1024 * 1024
+# How long a fetched model list answers discovery for other models.
+LISTING_CACHE_SECONDS = 60.0
 # Discoveries in flight at once, over all models.
 MAX_CONCURRENT_DISCOVERIES = 8
 # Request headers that authenticate the gateway's own discovery requests to the upstream.
@@ -53,6 +55,8 @@ class Runtime:
     _discovery_done: ExpiringLRU[bool] = field(init=False)
     # One discovery per model at a time, whatever the number of concurrent first requests.
     _discovering: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # The upstream's model lists (at most two URLs), with the time they go stale.
+    _listings: dict[str, tuple[float, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._refreshed = ExpiringLRU(self.settings.windows.max_models)
@@ -131,13 +135,22 @@ class Runtime:
         if stored is not None:
             found, known = discovery.decode(stored), True
         else:
+            base_url = self.settings.upstream.base_url
+            listings = discovery.listing_urls(base_url)
 
             async def fetch(method: str, url: str, body: bytes | None) -> Any:
-                return await self.upstream.fetch_json(
+                # The model lists serve every model: one fetch a minute, not one per new name
+                # (OpenRouter's is hundreds of KB).
+                cached = self._listings.get(url)
+                if cached is not None and cached[0] > time.monotonic():
+                    return cached[1]
+                answer = await self.upstream.fetch_json(
                     method, url, credentials, body, max_bytes=DISCOVERY_MAX_BYTES
                 )
+                if url in listings:
+                    self._listings[url] = (time.monotonic() + LISTING_CACHE_SECONDS, answer)
+                return answer
 
-            base_url = self.settings.upstream.base_url
             found = await discover_window(fetch, base_url, model, timeout=cfg.discovery_timeout)
             known = False
         self._discovery_done.put(
