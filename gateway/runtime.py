@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
@@ -49,10 +50,11 @@ class Runtime:
     # Models whose calibration this process read from the store, most recent last (bounded:
     # model names come from clients; an evicted one is simply read again).
     _loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    # Models whose learned and discovered windows were read from the store lately (entries
-    # expire after windows.store_refresh_seconds); bounded LRUs.
+    # Models whose learned window was read from the store lately (entries expire after
+    # windows.store_refresh_seconds), and when each sighted model's discovered window is
+    # refreshed next (in the background); bounded LRUs.
     _refreshed: ExpiringLRU[bool] = field(init=False)
-    _discovery_done: ExpiringLRU[bool] = field(init=False)
+    _discovery_done: ExpiringLRU[float] = field(init=False)
     # One discovery per model at a time, whatever the number of concurrent first requests.
     _discovering: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # The upstream's model lists (at most two URLs), with the time they go stale.
@@ -82,6 +84,8 @@ class Runtime:
         await self.upstream.start()
 
     async def close(self) -> None:
+        if self._discovering:  # each bounded by windows.discovery_timeout
+            await asyncio.gather(*self._discovering.values(), return_exceptions=True)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.upstream.close()
@@ -105,10 +109,14 @@ class Runtime:
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
     async def discover(self, model: str, headers: list[tuple[str, str]]) -> None:
-        """At a model's first sight: the window another replica discovered, else ask the upstream
-        (bounded by `windows.discovery_timeout`). Later requests find the answer in memory."""
+        """At a model's first sight in this process: the window another replica discovered, else
+        ask the upstream (bounded by `windows.discovery_timeout`). Afterwards the answer is in
+        memory, and it is re-read (store, then upstream once expired) in the background."""
         cfg = self.settings.windows
-        if not cfg.discovery or model in self._discovery_done:
+        if not cfg.discovery:
+            return
+        refresh_at = self._discovery_done.get(model)
+        if refresh_at is not None and refresh_at > time.time():
             return
         running = self._discovering.get(model)
         if running is None and len(self._discovering) >= MAX_CONCURRENT_DISCOVERIES:
@@ -121,8 +129,14 @@ class Runtime:
             }
             running = asyncio.ensure_future(self._discover(model, credentials))
             self._discovering[model] = running
-            running.add_done_callback(lambda _: self._discovering.pop(model, None))
-        await asyncio.shield(running)
+            running.add_done_callback(lambda task: self._discovered(model, task))
+        if refresh_at is None:
+            await asyncio.shield(running)
+
+    def _discovered(self, model: str, task: asyncio.Task[None]) -> None:
+        self._discovering.pop(model, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("window discovery for %.100r failed: %s", model, type(task.exception()).__name__)
 
     async def _discover(self, model: str, credentials: Mapping[str, str]) -> None:
         cfg = self.settings.windows
@@ -130,7 +144,7 @@ class Runtime:
         try:
             stored = await self.store.get(discovery.store_key(model))
         except Exception as exc:
-            log.warning("could not read the discovered window for %s: %s", model, type(exc).__name__)
+            log.warning("could not read the discovered window for %.100r: %s", model, type(exc).__name__)
             stored = None
         if stored is not None:
             found, known = discovery.decode(stored), True
@@ -153,9 +167,9 @@ class Runtime:
 
             found = await discover_window(fetch, base_url, model, timeout=cfg.discovery_timeout)
             known = False
-        self._discovery_done.put(
-            model, True, time.time() + min(cfg.store_refresh_seconds, cfg.discovery_ttl_seconds)
-        )
+        # Sighted for as long as the LRU keeps it; refreshed in the background after this time.
+        refresh_at = time.time() + min(cfg.store_refresh_seconds, cfg.discovery_ttl_seconds)
+        self._discovery_done.put(model, refresh_at, math.inf)
         if found is None:
             self.windows.discovered.pop(model)
         else:
