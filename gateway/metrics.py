@@ -34,6 +34,28 @@ GATEWAY_OVERHEAD = Histogram(
     "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+# Team label values are configured team names only (never keys, never client text): bounded.
+TEAM_REQUESTS = Counter(
+    "gateway_team_requests_total",
+    "Team requests by outcome: admitted, rate_limited, quota_exceeded, too_large, model_not_allowed, "
+    "store_unavailable.",
+    ["team", "outcome"],
+)
+TEAM_TOKENS = Counter(
+    "gateway_team_tokens_total",
+    "Tokens settled per team from the upstream's usage: prompt, completion, and prompt tokens saved.",
+    ["team", "kind"],
+)
+POLICY_UNAUTHORIZED = Counter(
+    "gateway_policy_unauthorized_total", "Requests refused with 401: missing or unknown gateway key."
+)
+POLICY_STORE_FAILURES = Counter(
+    "gateway_policy_store_failures_total", "Calls to the team limit store (Redis) that failed or timed out."
+)
+POLICY_FALLBACKS = Counter(
+    "gateway_policy_fallbacks_total",
+    "Team requests checked against this replica's share of the limits (Redis unreachable, fail open).",
+)
 WINDOW_EVIDENCE = Counter(
     "gateway_window_evidence_total",
     "What upstream overflow errors taught about context windows: a believed stated window, a refused "

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway import metrics
 from gateway.overflow import detect_silent_truncation
+from gateway.policy.enforcer import Policy, Team
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.tokens import discovery
@@ -45,6 +46,7 @@ class Runtime:
     store: Store
     windows: WindowResolver
     calibration: Calibration
+    policy: Policy
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Models whose calibration this process read from the store, most recent last (bounded:
@@ -78,10 +80,12 @@ class Runtime:
                 overrides=settings.window_overrides(), learned=learned, discovered=ExpiringLRU(cfg.max_models)
             ),
             calibration=CALIBRATION,
+            policy=Policy(settings.teams, settings.policy, settings.redis_url),
         )
 
     async def start(self) -> None:
         await self.upstream.start()
+        await self.policy.start()
 
     async def close(self) -> None:
         if self._discovering:  # each bounded by windows.discovery_timeout
@@ -90,6 +94,13 @@ class Runtime:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.upstream.close()
         await self.store.close()
+        await self.policy.close()
+
+    def upstream_key(self, team: Team | None) -> str | None:
+        """The key the gateway sends upstream: the team's own, else the configured one, else none."""
+        if team is not None and team.settings.upstream_api_key:
+            return team.settings.upstream_api_key
+        return self.settings.upstream.api_key
 
     async def load_learned(self, model: str) -> None:
         """Adopt what other replicas learned: the window every `windows.store_refresh_seconds`

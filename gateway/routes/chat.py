@@ -1,7 +1,9 @@
-"""POST /v1/chat/completions: parse → count → fit → forward → relay → learn.
+"""POST /v1/chat/completions: authenticate → parse → count → fit → reserve → forward → relay →
+settle → learn.
 
 Orchestration only: counting lives in gateway.tokens, fitting in gateway.compress,
-overflow recognition in gateway.overflow, the HTTP client in gateway.upstream.
+overflow recognition in gateway.overflow, the HTTP client in gateway.upstream, teams and
+their limits in gateway.policy.
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
 from gateway.planning import Plan, demand, overflow_retry_budget, plan_request, refusal_of
+from gateway.policy.answers import without_rate_limits
+from gateway.policy.chat import output_allowance, team_chat
+from gateway.policy.enforcer import Admission, Team
+from gateway.policy.limits import Usage
+from gateway.policy.streams import StreamMeter, metered, usage_counts
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.relay import (
     cancel_safely,
     first_chunk,
-    prompt_tokens_from_json,
+    prompt_tokens,
     prompt_tokens_from_sse_tail,
     relay_sse,
+    usage_from_json,
 )
 from gateway.runtime import Runtime
 from gateway.upstream import UpstreamReply
@@ -53,21 +61,60 @@ class Attempt:
 async def chat_completions(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     started = time.perf_counter()
-    request_id: str = request.state.request_id
+    team = runtime.policy.authenticate(request.headers)
     chat = parse_chat_request(
         await read_body(request, runtime.settings.server.max_body_bytes), request.headers
     )
-    api_key = runtime.settings.upstream.api_key
-    query = upstream_query(request.url.query, api_key=api_key)  # Azure's api-version rides on it
-    upstream = Upstreaming(
-        headers=to_upstream(request.headers, api_key=api_key, request_id=request_id, identity_encoding=True),
-        url=runtime.upstream.url_for("/v1/chat/completions", query),
-        gateway_credentials=bool(api_key),
-    )
+    strip_usage = False
+    if team is not None:
+        runtime.policy.check_model(team, chat.model)
+        chat, strip_usage = team_chat(team, chat, request.headers)
+    upstream = _upstreaming(request, runtime, team)
     await runtime.discover(chat.model, upstream.headers)
-    plan = await plan_request(runtime, chat)
+    plan = await plan_request(runtime, chat, cap=team.settings.limits.max_context_tokens if team else None)
+    admission = None
+    if team is not None:
+        await plan.settle()  # the exact prompt count is what gets reserved
+        allowance = output_allowance(chat.payload, runtime.settings.policy.default_output_allowance)
+        admission = await runtime.policy.admit(team, plan.tokens_after + allowance)
     metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
+    try:
+        return await _forward(request, runtime, chat, plan, upstream, admission, strip_usage)
+    except BaseException:
+        if admission is not None:  # nothing was relayed: give the reservation back
+            runtime.in_background(runtime.policy.settle(admission, chat.model, Usage(requests=1)))
+        raise
 
+
+def _upstreaming(request: Request, runtime: Runtime, team: Team | None) -> Upstreaming:
+    request_id: str = request.state.request_id
+    api_key = runtime.upstream_key(team)
+    # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
+    strip = team is not None
+    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+    return Upstreaming(
+        headers=to_upstream(
+            request.headers,
+            api_key=api_key,
+            request_id=request_id,
+            identity_encoding=True,
+            strip_credentials=strip,
+        ),
+        url=runtime.upstream.url_for("/v1/chat/completions", query),  # Azure's api-version rides on it
+        gateway_credentials=bool(api_key) or strip,
+    )
+
+
+async def _forward(
+    request: Request,
+    runtime: Runtime,
+    chat: ChatRequest,
+    plan: Plan,
+    upstream: Upstreaming,
+    admission: Admission | None,
+    strip_usage: bool,
+) -> Response:
+    request_id: str = request.state.request_id
     attempt = await _send(runtime, chat, plan, upstream)
     retried = False
     first_overflow = attempt.overflow
@@ -94,15 +141,19 @@ async def chat_completions(request: Request) -> Response:
                 + ".",
                 param="messages",
                 code="context_length_exceeded",
-                headers=dict(_gateway_headers(retry_plan, retried=True)),
+                headers=dict(_gateway_headers(retry_plan, retried=True, admission=admission)),
             )
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
     if attempt.reply.status == 200 and chat.mode != "off":
         runtime.learn_from_success(chat.model, demand(chat, final_plan))
+    saved = max(0, plan.tokens_before - final_plan.tokens_after)
+    reply_headers = attempt.reply.headers if admission is None else without_rate_limits(attempt.reply.headers)
     headers = to_client(
-        attempt.reply.headers, request_id=request_id, extra=_gateway_headers(final_plan, retried=retried)
+        reply_headers,
+        request_id=request_id,
+        extra=_gateway_headers(final_plan, retried=retried, admission=admission),
     )
     idle = runtime.settings.upstream.timeouts.idle
     if attempt.stream_rest is not None:
@@ -110,16 +161,29 @@ async def chat_completions(request: Request) -> Response:
         def learn(tail: bytes) -> None:
             runtime.observe_usage(chat.model, final_plan.tokens_after, prompt_tokens_from_sse_tail(tail))
 
-        response: Response = StreamingResponse(
-            relay_sse(attempt.stream_head, attempt.stream_rest, idle_timeout=idle, on_complete=learn),
-            status_code=attempt.reply.status,
-        )
+        stream = relay_sse(attempt.stream_head, attempt.stream_rest, idle_timeout=idle, on_complete=learn)
+        if admission is not None:
+            meter = StreamMeter(strip=strip_usage)
+            settled = admission
+
+            def settle() -> None:
+                usage = meter.settlement(final_plan.tokens_after, saved)
+                runtime.in_background(runtime.policy.settle(settled, chat.model, usage))
+
+            stream = metered(stream, meter, on_end=settle)
+        response: Response = StreamingResponse(stream, status_code=attempt.reply.status)
     else:
         body = await attempt.reply.read(idle)
+        usage = Usage(requests=1)
         if attempt.reply.status == 200:
-            reported = prompt_tokens_from_json(body)
+            reported_usage = usage_from_json(body)
+            reported = prompt_tokens(reported_usage)
             if runtime.observe_usage(chat.model, final_plan.tokens_after, reported):
                 headers.append((b"x-gateway-upstream-truncated", str(reported).encode()))
+            prompt, completion = usage_counts(reported_usage) or (final_plan.tokens_after, 0)
+            usage = Usage(requests=1, prompt=prompt, completion=completion, saved=saved)
+        if admission is not None:
+            runtime.in_background(runtime.policy.settle(admission, chat.model, usage))
         response = Response(body, status_code=attempt.reply.status)
         headers.append((b"content-length", str(len(body)).encode()))
     response.raw_headers = headers
@@ -152,12 +216,16 @@ async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstr
     return attempt
 
 
-def _gateway_headers(plan: Plan, *, retried: bool) -> list[tuple[str, str]]:
+def _gateway_headers(plan: Plan, *, retried: bool, admission: Admission | None) -> list[tuple[str, str]]:
     headers = [
         ("x-gateway-prompt-tokens-before", str(plan.tokens_before)),
         ("x-gateway-prompt-tokens-after", str(plan.tokens_after)),
         ("x-gateway-compression", ",".join(plan.stages) or "none"),
     ]
+    if plan.capped:
+        headers.append(("x-gateway-team-cap", str(plan.budget)))
     if retried:
         headers.append(("x-gateway-retry", "overflow"))
+    if admission is not None:
+        headers += admission.headers
     return headers
