@@ -343,7 +343,9 @@ async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int
         now = time.time()
         for record in records:
             expires = f"{max(0, round(record.expires_at - now))} s"
-            print(f"{record.model}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+            # Names come from clients: never let one write control sequences to a terminal.
+            name = record.model if record.model.isprintable() else ascii(record.model)
+            print(f"{name}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
         return 0
     except (OSError, ConnectionError) as exc:
         print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)

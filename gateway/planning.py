@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
+from starlette.requests import ClientDisconnect
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
@@ -54,12 +56,19 @@ class Plan:
 
 
 async def plan_request(
-    runtime: Runtime, chat: ChatRequest, *, budget: int | None = None, cap: int | None = None
+    runtime: Runtime,
+    chat: ChatRequest,
+    *,
+    budget: int | None = None,
+    cap: int | None = None,
+    client_gone: Callable[[], Awaitable[bool]] | None = None,
 ) -> Plan:
     """The body to forward: the original bytes when the prompt fits, a fitted one otherwise.
 
     ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window,
     bounded by ``cap`` (a team's max_context_tokens) when that is lower.
+    ``client_gone`` is asked between counting and fitting, the two costly steps of a large
+    body: once its client has hung up, the fit is not started (ClientDisconnect).
     When no decision needs the exact count — no known budget, or the free byte bound (a BPE
     token covers at least one byte) is already under it — the original bytes go out at once
     and the count runs alongside the upstream request.
@@ -85,6 +94,8 @@ async def plan_request(
     tokens = await count_request_async(counter, chat.payload)
     if tokens <= budget and chat.mode != "aggressive":
         return Plan(chat.raw, budget, tokens, tokens, capped=capped)
+    if client_gone is not None and await client_gone():
+        raise ClientDisconnect
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
         plan = await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
     else:

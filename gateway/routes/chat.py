@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from yarl import URL
 
@@ -65,13 +65,22 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(
         await read_body(request, runtime.settings.server.max_body_bytes), request.headers
     )
+    # uvicorn stops reading a connection while a large body waits for the app, and a hang-up is
+    # seen only once it reads again: asking now resumes reading, so that a client leaving while
+    # its request is counted and fitted is noticed before the upstream call.
+    await request.is_disconnected()
     strip_usage = False
     if team is not None:
         runtime.policy.check_model(team, chat.model)
         chat, strip_usage = team_chat(team, chat, request.headers)
     upstream = _upstreaming(request, runtime, team)
     await runtime.discover(chat.model, upstream.headers)
-    plan = await plan_request(runtime, chat, cap=team.settings.limits.max_context_tokens if team else None)
+    plan = await plan_request(
+        runtime,
+        chat,
+        cap=team.settings.limits.max_context_tokens if team else None,
+        client_gone=request.is_disconnected,
+    )
     admission = None
     if team is not None:
         await plan.settle()  # the exact prompt count is what gets reserved
@@ -115,6 +124,7 @@ async def _forward(
     strip_usage: bool,
 ) -> Response:
     request_id: str = request.state.request_id
+    await _stop_if_client_left(request, plan)
     attempt = await _send(runtime, chat, plan, upstream)
     retried = False
     first_overflow = attempt.overflow
@@ -126,7 +136,10 @@ async def _forward(
     if first_overflow is not None and retry_budget is not None:
         retried = True
         attempt.reply.close()
-        retry_plan = await plan_request(runtime, chat, budget=retry_budget)
+        retry_plan = await plan_request(
+            runtime, chat, budget=retry_budget, client_gone=request.is_disconnected
+        )
+        await _stop_if_client_left(request, retry_plan)
         attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
@@ -188,6 +201,15 @@ async def _forward(
         headers.append((b"content-length", str(len(body)).encode()))
     response.raw_headers = headers
     return response
+
+
+async def _stop_if_client_left(request: Request, plan: Plan) -> None:
+    """Counting and fitting a large body takes a while: if its client hung up meanwhile, nobody
+    would read the answer, so the upstream is not called (nor billed)."""
+    if await request.is_disconnected():
+        if plan.counting is not None:
+            plan.counting.cancel()
+        raise ClientDisconnect
 
 
 async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstreaming) -> Attempt:

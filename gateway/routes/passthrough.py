@@ -42,6 +42,8 @@ async def passthrough(request: Request) -> Response:
         body = whole if has_body else None
     else:
         body = await _request_body(request, limit)
+    if isinstance(body, bytes) and await request.is_disconnected():
+        raise ClientDisconnect  # nobody would read the answer: the upstream is not called
     admission = await runtime.policy.admit(team, None) if team is not None else None
     api_key = runtime.upstream_key(team)
     strip = team is not None  # the caller's credential is a gateway key: it never crosses
