@@ -6,7 +6,6 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
                   informative lines; JSON by structure)
   3 tool_results  replace tool outputs by a one-line placeholder (images and
                   files inside tool results go with them)
-  (an LLM summarizer would slot in here, between the lossless-ish and the lossy stages)
   4 truncate      middle-truncate long messages (head, tail, sentences with facts),
                   then, as the last rung, replace old images, audio and files by a
                   one-line placeholder: an omitted image is lost whole, so it goes
@@ -18,7 +17,9 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
                   second marker after its user message. Each marker carries
                   an account of its span within `digest_ratio` of the budget:
                   a summary given for that exact span (`summaries`, made
-                  outside by an LLM), else the extractive digest (digest.py)
+                  outside by an LLM), else the extractive digest (digest.py).
+                  A summary stands for exactly what was dropped, so where to
+                  cut never depends on it: the room is reserved either way
   6 protected     trim protected messages, largest first, the newest step
                   last, or refuse
 Stages 1–5 never touch system or developer messages, the latest user message
