@@ -9,27 +9,18 @@ always with a socket guard that records any attempt (DNS lookups included).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.integration.netguard.probe import namespace_prefix
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _namespace_prefix() -> list[str]:
-    """`unshare -n` with loopback up, when this machine lets us make a network namespace."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return []
-    trial = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
-    if trial.returncode != 0:
-        return []
-    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "netns"]
 
 
 def test_server_starts_and_serves_with_no_network(tmp_path: Path) -> None:
     log = tmp_path / "blocked.log"
-    command = [*_namespace_prefix(), sys.executable, "-m", "tests.integration.netguard.probe", str(log)]
+    command = [*namespace_prefix(), sys.executable, "-m", "tests.integration.netguard.probe", str(log)]
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert finished.returncode == 0, finished.stderr[-3000:]
     result = json.loads(finished.stdout.strip().splitlines()[-1])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,9 +21,22 @@ from tests.fakes.upstream import FakeUpstream, create_app
 GUARD_DIR = Path(__file__).parent
 
 
+def namespace_prefix() -> list[str]:
+    """`unshare -n` with loopback up, when this machine lets us make a network namespace."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return []
+    trial = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
+    if trial.returncode != 0:
+        return []
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "netns"]
+
+
 def main() -> None:
+    """Arguments: the log of blocked attempts, then optionally the gateway command to run
+    (default: this interpreter's ``-m gateway.cli``)."""
+    command = sys.argv[2:] or [sys.executable, "-m", "gateway.cli"]
     with serve_in_thread(create_app(FakeUpstream())) as upstream_url:
-        print(json.dumps(probe(Path(sys.argv[1]), upstream_url)))
+        print(json.dumps(probe(Path(sys.argv[1]), upstream_url, command)))
 
 
 def _chat(port: int, model: str) -> int:
@@ -37,7 +51,7 @@ def _chat(port: int, model: str) -> int:
         return status
 
 
-def probe(log: Path, upstream_url: str) -> dict[str, object]:
+def probe(log: Path, upstream_url: str, command: list[str]) -> dict[str, object]:
     port = free_port()
     env = {
         **os.environ,
@@ -50,7 +64,7 @@ def probe(log: Path, upstream_url: str) -> dict[str, object]:
         env.pop(name, None)
     started = time.monotonic()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+        [*command, "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
