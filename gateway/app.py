@@ -12,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.middleware import RequestGuard
 from gateway.routes.chat import chat_completions
-from gateway.routes.health import healthz, metrics
+from gateway.routes.health import healthz, metrics_endpoint, readyz
 from gateway.routes.passthrough import passthrough
 from gateway.runtime import Runtime
 from gateway.settings import Settings
@@ -38,6 +39,7 @@ def create_app(settings: Settings) -> Starlette:
             yield
         finally:
             await runtime.close()
+            metrics.process_exiting()
 
     async def gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
@@ -54,7 +56,8 @@ def create_app(settings: Settings) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/v1/{path:path}", passthrough, methods=ALL_METHODS),
         ],
         exception_handlers={

@@ -27,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--config", help="YAML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="listen port (default 8080)")
+    serve.add_argument(
+        "--workers",
+        help="worker processes: a number, or auto (one per usable CPU); default server.workers, 1",
+    )
 
     compress = commands.add_parser("compress", help="dry-run the compression of a request body")
     compress.add_argument("--model", required=True)
@@ -75,26 +79,16 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from gateway.request_log import configure_logging
+    from gateway.serving import serve, worker_count
 
-    from gateway.app import create_app
-
-    settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
-    host, port = settings.server.host, settings.server.port
-    logging.basicConfig(
-        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    settings = load_settings(
+        args.config, server_overrides={"host": args.host, "port": args.port, "workers": args.workers}
     )
-    log.info("%s", startup_line(settings, args.config))
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.server.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    configure_logging(settings.server.log_format, settings.server.log_level)
+    workers = worker_count(settings.server.workers)
+    log.info("%s; %d worker process%s", startup_line(settings, args.config), workers, "es" * (workers > 1))
+    serve(settings, args.config)
     return 0
 
 

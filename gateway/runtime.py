@@ -63,6 +63,7 @@ class Runtime:
             await self.windows.learned.load(self.store, model)
             await self.calibration.load(self.store, model)
         except Exception as exc:  # a store outage must not fail requests
+            metrics.STORE_ERRORS.labels("read").inc()
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
     async def learn_from_overflow(self, model: str, overflow: Overflow) -> None:
@@ -77,7 +78,7 @@ class Runtime:
         if reported is None:
             return False
         if detect_silent_truncation(estimated, reported):
-            metrics.SILENT_TRUNCATIONS.labels(model).inc()
+            metrics.SILENT_TRUNCATIONS.inc()
             log.warning("upstream for %s counted %d prompt tokens of ~%d sent", model, reported, estimated)
             return True
         if not counter_for(model).exact:
@@ -95,4 +96,5 @@ class Runtime:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            metrics.STORE_ERRORS.labels("write").inc()
             log.warning("background store write failed: %s", type(task.exception()).__name__)

@@ -45,6 +45,8 @@ class ConfigError(ValueError):
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+LOG_FORMATS = ("json", "text")
+MAX_WORKERS = 512
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -58,6 +60,12 @@ class ServerSettings:
     # An upstream key, no gateway keys and a non-loopback address make an open relay: refused
     # at start-up unless the operator says this is what they mean.
     allow_unauthenticated: bool = False
+    # Worker processes (serve --workers): a number, or "auto" / 0 for one per usable CPU.
+    workers: str = "1"
+    # json: one JSON object per log line (request lines included); text: for people.
+    log_format: str = "text"
+    # After SIGTERM, how long in-flight requests and streams may take to finish before they are cut.
+    shutdown_grace_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,19 @@ def _check(settings: Settings) -> list[str]:
         problems.append(
             f"server.log_level must be one of {', '.join(LOG_LEVELS)}, got {settings.server.log_level!r}"
         )
+    log_format = settings.server.log_format
+    if log_format not in LOG_FORMATS:
+        problems.append(f"server.log_format must be one of {', '.join(LOG_FORMATS)}, got {log_format[:40]!r}")
+    workers = settings.server.workers
+    if not (
+        workers == "auto"
+        or (len(workers) <= 3 and workers.isascii() and workers.isdigit() and int(workers) <= MAX_WORKERS)
+    ):
+        problems.append(
+            f"server.workers must be auto or a number from 0 to {MAX_WORKERS}, got {workers[:40]!r}"
+        )
+    if settings.server.shutdown_grace_seconds > 86400:
+        problems.append("server.shutdown_grace_seconds must be at most 86400")
     if not 1 <= settings.server.port <= 65535:
         problems.append(f"server.port must be between 1 and 65535, got {settings.server.port}")
     if settings.redis_url:

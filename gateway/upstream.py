@@ -27,6 +27,7 @@ from tenacity import (
 )
 from yarl import URL
 
+from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.settings import UpstreamSettings
 
@@ -191,6 +192,25 @@ class Upstream:
         return URL(raw, encoded=True)
 
     async def send(
+        self,
+        method: str,
+        url: URL,
+        headers: Mapping[str, str] | list[tuple[str, str]],
+        body: bytes | AsyncIterator[bytes] | None,
+        *,
+        gateway_credentials: bool = False,
+    ) -> UpstreamReply:
+        """`_send`, timed into ``gateway_upstream_duration_seconds`` by status class."""
+        started = time.perf_counter()
+        status = "error"
+        try:
+            reply = await self._send(method, url, headers, body, gateway_credentials=gateway_credentials)
+            status = metrics.status_class(reply.status)
+            return reply
+        finally:
+            metrics.UPSTREAM_DURATION.labels(status).observe(time.perf_counter() - started)
+
+    async def _send(
         self,
         method: str,
         url: URL,

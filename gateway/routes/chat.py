@@ -27,6 +27,7 @@ from gateway.relay import (
     prompt_tokens_from_sse_tail,
     relay_sse,
 )
+from gateway.request_log import RequestRecord
 from gateway.runtime import Runtime
 from gateway.upstream import UpstreamReply
 
@@ -54,11 +55,14 @@ async def chat_completions(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     started = time.perf_counter()
     request_id: str = request.state.request_id
+    record: RequestRecord = request.state.record
     chat = parse_chat_request(
         await read_body(request, runtime.settings.server.max_body_bytes), request.headers
     )
+    record.model, record.stream = chat.model, chat.stream
     plan = await plan_request(runtime, chat)
-    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
+    record.overhead_seconds = time.perf_counter() - started
+    metrics.GATEWAY_OVERHEAD.observe(record.overhead_seconds)
     api_key = runtime.settings.upstream.api_key
     query = upstream_query(request.url.query, api_key=api_key)  # Azure's api-version rides on it
     upstream = Upstreaming(
@@ -67,7 +71,9 @@ async def chat_completions(request: Request) -> Response:
         gateway_credentials=bool(api_key),
     )
 
-    attempt = await _send(runtime, chat, plan, upstream)
+    attempt = await _send(runtime, chat, plan, upstream, record)
+    metrics.PROMPT_TOKENS.inc(plan.tokens_before)
+    record.tokens_before = plan.tokens_before
     retried = False
     first_overflow = attempt.overflow
     retry_budget = None
@@ -78,7 +84,7 @@ async def chat_completions(request: Request) -> Response:
         retried = True
         attempt.reply.close()
         retry_plan = await plan_request(runtime, chat, budget=retry_budget)
-        attempt = await _send(runtime, chat, retry_plan, upstream)
+        attempt = await _send(runtime, chat, retry_plan, upstream, record)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
             attempt.reply.close()
@@ -96,6 +102,8 @@ async def chat_completions(request: Request) -> Response:
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
+    record.tokens_after, record.compression = final_plan.tokens_after, final_plan.stages
+    record.overflow_retry = retried
     headers = to_client(
         attempt.reply.headers, request_id=request_id, extra=_gateway_headers(final_plan, retried=retried)
     )
@@ -121,11 +129,22 @@ async def chat_completions(request: Request) -> Response:
     return response
 
 
-async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstreaming) -> Attempt:
+async def _send(
+    runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstreaming, record: RequestRecord
+) -> Attempt:
     """One upstream request (with transport retries); notes an overflow answer instead of relaying it."""
-    reply = await runtime.upstream.send(
-        "POST", upstream.url, upstream.headers, plan.body, gateway_credentials=upstream.gateway_credentials
-    )
+    sent = time.perf_counter()
+    try:
+        reply = await runtime.upstream.send(
+            "POST",
+            upstream.url,
+            upstream.headers,
+            plan.body,
+            gateway_credentials=upstream.gateway_credentials,
+        )
+    finally:
+        record.upstream_seconds += time.perf_counter() - sent
+    record.upstream_attempts += reply.attempts
     # A count left running alongside the upstream is needed from here on (headers, retry budget).
     await plan.settle()
     if reply.attempts > 1:

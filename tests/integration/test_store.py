@@ -81,8 +81,15 @@ def test_replicas_share_learned_window_through_redis(
     assert fake_upstream.hits["/v1/chat/completions"] == hits_before + 1
 
 
-def test_healthz_reports_unreachable_redis(start_gateway: GatewayFactory) -> None:
+def test_readyz_reports_unreachable_redis(start_gateway: GatewayFactory) -> None:
     url = start_gateway(GATEWAY_REDIS_URL="redis://127.0.0.1:1/0")
-    health = httpx.get(url.removesuffix("/v1") + "/healthz")
-    assert health.status_code == 503
-    assert health.json() == {"status": "degraded", "store": "unreachable"}
+    ready = httpx.get(url.removesuffix("/v1") + "/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "not ready", "store": "unreachable"}
+    assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+
+
+def test_readyz_with_redis_up(start_gateway: GatewayFactory, redis_url: str) -> None:
+    url = start_gateway(GATEWAY_REDIS_URL=redis_url)
+    ready = httpx.get(url.removesuffix("/v1") + "/readyz")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "store": "ok"}
