@@ -21,7 +21,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/context-gateway \
     PATH=/opt/context-gateway/bin:$PATH \
-    GATEWAY_SERVER_PORT=8080
+    GATEWAY_SERVER_PORT=8080 \
+    GATEWAY_SERVER_LOG_FORMAT=json
 # The wheels come from stage one through a bind mount, so they leave no layer behind; no index
 # is consulted. tiktoken's encodings ship inside the litellm package (gateway/offline.py points
 # tiktoken at them), and the last step proves they load with the network switched off.
