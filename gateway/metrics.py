@@ -1,9 +1,10 @@
 """Prometheus metrics, served at GET /metrics.
 
-Label values are bounded sets only (route families, status classes, stage names, outcomes),
-never model names or anything else a client chooses. With several worker processes
-(``serve --workers N``) every worker writes its values to files in ``PROMETHEUS_MULTIPROC_DIR``
-and a scrape of any worker adds them all up (prometheus-client's multiprocess mode).
+Label values are bounded sets only (route families, status classes, stage names, outcomes,
+model names the operator or litellm's map knows, else "other"), never free text a client
+chooses. With several worker processes (``serve --workers N``) every worker writes its values
+to files in ``PROMETHEUS_MULTIPROC_DIR`` and a scrape of any worker adds them all up
+(prometheus-client's multiprocess mode).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ REFUSALS = Counter(
 SILENT_TRUNCATIONS = Counter(
     "gateway_upstream_silent_truncations_total",
     "Answers whose reported prompt tokens were far below what was sent (upstream truncated silently).",
+    ["model"],
 )
 STORE_ERRORS = Counter(
     "gateway_store_errors_total",
