@@ -15,6 +15,10 @@ tool calls) chat requests, non-streaming and streaming, at concurrency 1, 8 and
 32. Per cell: latency p50/p99 seen by the client (whole body read) and the
 proxy process's CPU time (utime+stime from /proc, all threads) per request.
 
+Throughput: the same bodies at concurrency 64 against the aiohttp floor, the gateway
+with one worker and `serve --workers 2` (requests/s, and CPU per request of the
+whole process tree: supervisor and workers).
+
 The machine is small and noisy (2 cores shared by client, upstream and proxy),
 so: every target is warmed up first; the whole matrix runs in rounds; within a
 row group the targets take turns in interleaved slices, in a rotating order;
@@ -45,6 +49,9 @@ from servers import REPO, Server, bench_environment, start, stop
 BENCH = REPO / "bench"
 
 DIRECT, FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY = "direct", "floor httpx", "floor aiohttp", "gateway"
+GATEWAY_2 = "gateway w2"  # serve --workers 2
+THROUGHPUT_TARGETS = (FLOOR_AIOHTTP, GATEWAY, GATEWAY_2)
+THROUGHPUT_CONCURRENCY = 64
 TARGETS = (DIRECT, FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY)
 PROXIES = (FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY)
 FLOORS = (FLOOR_HTTPX, FLOOR_AIOHTTP)
@@ -66,6 +73,8 @@ SETTLE_SECONDS = 0.05
 SLICES = 3
 # Warm-up and measured requests use disjoint nonces, so no measured body was seen before.
 WARMUP_NONCE_BASE = 90_000_000
+THROUGHPUT_NONCE_BASE = 50_000_000
+THROUGHPUT_GROUPS = (("small", False), ("small", True), ("large", False), ("large", True))
 CELL_NONCE_STRIDE = 10_000
 
 
@@ -80,6 +89,8 @@ class Plan:
 
 FULL = Plan(rounds=3, requests={"small": 600, "large": 300}, warmup={"small": 50, "large": 20})
 QUICK = Plan(rounds=2, requests={"small": 180, "large": 60}, warmup={"small": 20, "large": 8})
+# Requests per throughput cell: several seconds of load each, so start and end effects are small.
+THROUGHPUT_FACTOR = 2
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -110,24 +121,53 @@ def servers(logs: Path) -> Iterator[dict[str, Server]]:
         running[GATEWAY] = start(
             GATEWAY, ["-m", "gateway.cli", "serve"], health="/healthz", env=gateway_env, logs=logs
         )
+        running[GATEWAY_2] = start(
+            GATEWAY_2,
+            ["-m", "gateway.cli", "serve", "--workers", "2"],
+            health="/healthz",
+            env=gateway_env,
+            logs=logs,
+        )
         yield running
     finally:
         for server in running.values():
             stop(server)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (every thread, live or exited)."""
+def _stat(pid: int) -> list[str]:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
+
+
+def process_tree(pid: int) -> list[int]:
+    """The process and its live children (the workers of `serve --workers N`)."""
+    tree = [pid]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError):  # gone meanwhile
+                if int(_stat(int(entry.name))[1]) == pid:
+                    tree.append(int(entry.name))
+    return tree
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process tree (every thread, live or exited)."""
+    ticks = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError):
+            fields = _stat(member)
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """Resident memory of the process tree."""
+    total = 0
+    for member in process_tree(pid):
+        for line in Path(f"/proc/{member}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
 
 
 # --- load --------------------------------------------------------------------------------------
@@ -185,6 +225,12 @@ async def check_fast_path(session: aiohttp.ClientSession, gateway: Server, paylo
     return int(before)
 
 
+def rotated(targets: tuple[str, ...], shift: int) -> tuple[str, ...]:
+    """Who goes first moves round by round, so no target always runs right after the same neighbour."""
+    shift %= len(targets)
+    return targets[shift:] + targets[:shift]
+
+
 async def row_group(
     session: aiohttp.ClientSession,
     running: dict[str, Server],
@@ -205,8 +251,7 @@ async def row_group(
     latencies: dict[str, list[float]] = {name: [] for name in TARGETS}
     per_slice = count // SLICES
     for index in range(SLICES):
-        shift = (rotation + index) % len(TARGETS)
-        for name in TARGETS[shift:] + TARGETS[:shift]:
+        for name in rotated(TARGETS, rotation + index):
             latencies[name] += await fire(
                 session,
                 running[name].origin + CHAT_PATH,
@@ -230,7 +275,7 @@ async def measure(running: dict[str, Server], plan: Plan) -> tuple[dict[Cell, li
     """Every cell of the matrix, once per round; also the gateway's prompt counts of both sizes."""
     payloads = {(size, stream): build(size, stream) for size in SIZES for stream in (False, True)}
     samples: dict[Cell, list[Sample]] = {}
-    connector = aiohttp.TCPConnector(limit=2 * max(CONCURRENCIES), limit_per_host=0)
+    connector = aiohttp.TCPConnector(limit=2 * THROUGHPUT_CONCURRENCY, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tokens = {
@@ -264,6 +309,51 @@ async def measure(running: dict[str, Server], plan: Plan) -> tuple[dict[Cell, li
                     samples.setdefault((group, name), []).append(sample)
             print(f"  round {round_index + 1}/{plan.rounds} done", file=sys.stderr, flush=True)
     return samples, tokens
+
+
+Throughput = tuple[float, float]  # requests/s, CPU seconds per request
+
+
+async def throughput(
+    running: dict[str, Server], plan: Plan
+) -> dict[tuple[str, bool], dict[str, list[Throughput]]]:
+    """Each payload at concurrency 64 against the floor and both gateways, in rotating order."""
+    results: dict[tuple[str, bool], dict[str, list[Throughput]]] = {}
+    connector = aiohttp.TCPConnector(limit=2 * THROUGHPUT_CONCURRENCY, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for name in (GATEWAY_2,):  # the others were warmed up by the matrix
+            for size in SIZES:
+                for stream in (False, True):
+                    await fire(
+                        session,
+                        running[name].origin + CHAT_PATH,
+                        build(size, stream),
+                        first_nonce=WARMUP_NONCE_BASE,
+                        count=plan.warmup[size] * 2,
+                        concurrency=THROUGHPUT_CONCURRENCY,
+                    )
+        for round_index in range(plan.rounds):
+            for group_index, (size, stream) in enumerate(THROUGHPUT_GROUPS):
+                payload = build(size, stream)
+                count = plan.requests[size] * THROUGHPUT_FACTOR
+                for name in rotated(THROUGHPUT_TARGETS, round_index + group_index):
+                    pid = running[name].process.pid
+                    cpu_before, started = cpu_seconds(pid), time.perf_counter()
+                    await fire(
+                        session,
+                        running[name].origin + CHAT_PATH,
+                        payload,
+                        first_nonce=THROUGHPUT_NONCE_BASE + round_index * CELL_NONCE_STRIDE,
+                        count=count,
+                        concurrency=THROUGHPUT_CONCURRENCY,
+                    )
+                    elapsed = time.perf_counter() - started
+                    await asyncio.sleep(SETTLE_SECONDS)
+                    cell = results.setdefault((size, stream), {}).setdefault(name, [])
+                    cell.append((count / elapsed, (cpu_seconds(pid) - cpu_before) / count))
+            print(f"  throughput round {round_index + 1}/{plan.rounds} done", file=sys.stderr, flush=True)
+    return results
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -341,12 +431,37 @@ def report(
     print(f"Goal met in {met}/{len(GROUPS)} row groups.")
     print(
         "Resident memory after the run: "
-        + ", ".join(f"{name} {rss_mb(running[name].process.pid):.0f} MB" for name in PROXIES)
+        + ", ".join(f"{name} {rss_mb(running[name].process.pid):.0f} MB" for name in (*PROXIES, GATEWAY_2))
     )
     print(
         "Time to ready (spawn → health 200, each started alone): "
-        + ", ".join(f"{name} {running[name].ready_seconds:.2f} s" for name in PROXIES)
+        + ", ".join(f"{name} {running[name].ready_seconds:.2f} s" for name in (*PROXIES, GATEWAY_2))
     )
+
+
+def report_throughput(results: dict[tuple[str, bool], dict[str, list[Throughput]]], plan: Plan) -> None:
+    print()
+    print(
+        f"Throughput at concurrency {THROUGHPUT_CONCURRENCY}: medians of {plan.rounds} rounds; "
+        f"{plan.requests['small'] * THROUGHPUT_FACTOR} small / {plan.requests['large'] * THROUGHPUT_FACTOR} "
+        "large requests per cell. CPU per request of the whole process tree (supervisor + workers)."
+    )
+    print(f"The client shares the machine's {os.cpu_count()} CPUs with the servers: req/s is bounded by it.")
+    header = f"{'size':<6}{'stream':<7}  {'target':<14}{'req/s':>9}{'CPU/req ms':>12}{'CPU ×aiohttp':>14}"
+    print(header)
+    print("-" * len(header))
+    for size, stream in THROUGHPUT_GROUPS:
+        cells = results[size, stream]
+        medians = {
+            name: (statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs) * 1000)
+            for name, runs in cells.items()
+        }
+        floor_cpu = medians[FLOOR_AIOHTTP][1]
+        for index, name in enumerate(THROUGHPUT_TARGETS):
+            rate, cpu = medians[name]
+            lead = f"{size:<6}{'yes' if stream else 'no':<7}" if index == 0 else ""
+            print(f"{lead:<13}  {name:<14}{rate:>9.0f}{cpu:>12.2f}{cpu / floor_cpu:>13.2f}×")
+        print()
 
 
 def ratio(value: float, best: float) -> float | None:
@@ -369,7 +484,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as logs, servers(Path(logs)) as running:
         print("servers ready; warming up and measuring …", file=sys.stderr, flush=True)
         samples, tokens = uvloop.run(measure(running, plan))
+        rates = uvloop.run(throughput(running, plan))
         report(samples, running, plan, tokens)
+        report_throughput(rates, plan)
     print(f"(run took {time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -33,9 +33,10 @@ class Runtime:
     calibration: Calibration
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
-    # Models whose learned state this process read from the store, most recent last (bounded:
-    # model names come from clients; an evicted one is simply read again).
-    _loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Reads of each model's learned state from the store, most recent last (bounded: model names
+    # come from clients; an evicted one is simply read again). Held as tasks so that concurrent
+    # first requests for a model all wait for the one read instead of planning without it.
+    _loaded: OrderedDict[str, asyncio.Task[None]] = field(default_factory=OrderedDict)
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:
@@ -58,12 +59,18 @@ class Runtime:
 
     async def load_learned(self, model: str) -> None:
         """Once per model and process: adopt what other replicas learned (window, calibration)."""
-        if model in self._loaded:
+        loading = self._loaded.get(model)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(model))
+            self._loaded[model] = loading
+            if len(self._loaded) > MAX_MODELS:
+                self._loaded.popitem(last=False)
+        else:
             self._loaded.move_to_end(model)
-            return
-        self._loaded[model] = None
-        if len(self._loaded) > MAX_MODELS:
-            self._loaded.popitem(last=False)
+        # Shielded: one caller going away must not cancel the read the others wait for.
+        await asyncio.shield(loading)
+
+    async def _load(self, model: str) -> None:
         try:
             await self.windows.learned.load(self.store, model)
             await self.calibration.load(self.store, model)

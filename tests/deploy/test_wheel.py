@@ -8,7 +8,6 @@ one, a socket guard always), then asked to serve. The Dockerfile itself is linte
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.netguard.probe import namespace_prefix
+from tests.integration.netguard.probe import assert_serves_offline
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,20 +58,4 @@ def test_wheel_installed_alone_in_a_fresh_venv_starts_offline_and_serves(tmp_pat
     module_file, pytest_spec = where.stdout.split()
     assert Path(module_file).is_relative_to(venv) and pytest_spec == "None"
 
-    log = tmp_path / "blocked.log"
-    command = [
-        *namespace_prefix(),
-        sys.executable,
-        "-m",
-        "tests.integration.netguard.probe",
-        str(log),
-        str(venv / "bin" / "context-gateway"),
-    ]
-    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    result = json.loads(finished.stdout.strip().splitlines()[-1])
-    assert result["blocked_attempts"] == [], result["server_output"]
-    assert result["healthz"] == 200, result["server_output"]
-    assert result["metrics"] == 200
-    assert result["chat"] == [200, 200, 200]
-    assert "Traceback" not in result["server_output"]
+    assert_serves_offline(tmp_path, [str(venv / "bin" / "context-gateway")])

@@ -9,8 +9,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from gateway.runtime import Runtime
+from gateway.settings import load_settings
 from gateway.store import MemoryStore, Store, open_store
 from gateway.store.redis import RedisStore
+from gateway.tokens.windows import LearnedWindows
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
 
@@ -93,3 +96,29 @@ def test_readyz_with_redis_up(start_gateway: GatewayFactory, redis_url: str) -> 
     url = start_gateway(GATEWAY_REDIS_URL=redis_url)
     ready = httpx.get(url.removesuffix("/v1") + "/readyz")
     assert ready.status_code == 200 and ready.json() == {"status": "ready", "store": "ok"}
+
+
+class SlowStore(MemoryStore):
+    """A store whose reads take a while, as Redis does across a network."""
+
+    async def get(self, key: str) -> str | None:
+        await asyncio.sleep(0.05)
+        return await super().get(key)
+
+
+async def test_concurrent_first_requests_all_wait_for_the_one_store_read() -> None:
+    """A worker's first burst of requests for a model must all see what another replica learned,
+    not only the one that happened to start the read."""
+    model = f"burst-model-{uuid.uuid4().hex[:8]}"
+    store = SlowStore()
+    replica = LearnedWindows()
+    replica.learn(model, 5000)
+    await replica.save(store, model)
+    runtime = Runtime.create(load_settings(None, {}))
+    runtime.store = store
+
+    async def first_request() -> int | None:
+        await runtime.load_learned(model)
+        return runtime.windows.resolve_window(model).tokens
+
+    assert await asyncio.gather(*(first_request() for _ in range(6))) == [5000] * 6

@@ -31,6 +31,24 @@ def namespace_prefix() -> list[str]:
     return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "netns"]
 
 
+def assert_serves_offline(workdir: Path, gateway_command: list[str]) -> None:
+    """Run this probe in a child (in a network namespace when possible) against ``gateway_command``
+    (empty: this interpreter's ``-m gateway.cli``) and check it started and served with no network."""
+    log = workdir / "blocked.log"
+    probe_command = [*namespace_prefix(), sys.executable, "-m", __spec__.name, str(log), *gateway_command]
+    repo = Path(__file__).resolve().parents[3]
+    finished = subprocess.run(
+        probe_command, cwd=repo, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert result["blocked_attempts"] == [], result["server_output"]
+    assert result["healthz"] == 200, result["server_output"]
+    assert result["readyz"] == 200 and result["metrics"] == 200
+    assert result["chat"] == [200, 200, 200]
+    assert "Traceback" not in result["server_output"]
+
+
 def main() -> None:
     """Arguments: the log of blocked attempts, then optionally the gateway command to run
     (default: this interpreter's ``-m gateway.cli``)."""
@@ -83,6 +101,8 @@ def probe(log: Path, upstream_url: str, command: list[str]) -> dict[str, object]
                     break
                 time.sleep(0.05)
         result["ready_seconds"] = ready_after
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+            result["readyz"] = answer.status
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             result["metrics"] = answer.status
         # Exact (tiktoken, model map) and approximated (unknown family) counting paths.
