@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
+from starlette.requests import ClientDisconnect
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
@@ -14,6 +16,8 @@ from gateway.compress import ContextBudgetExceeded, fit
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
+from gateway.tokens.learned_windows import Refusal
+from gateway.tokens.windows import requested_output
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -22,7 +26,10 @@ if TYPE_CHECKING:
 FIT_IN_THREAD_BYTES = 256 * 1024
 # After an overflow the gateway's estimate was wrong: aim this far below the stated window.
 OVERFLOW_RETRY_HEADROOM = 0.9
-# When the upstream names no window, cut at least this share of what it refused.
+# A bisected estimate keeps at most 1/N of itself (or the safety margin) free for counting noise.
+BISECTED_MARGIN_DIVISOR = 32
+# When the upstream names no window and nothing close was accepted, aim at this share of
+# the refused demand.
 OVERFLOW_BLIND_CUT = 0.75
 
 
@@ -33,6 +40,8 @@ class Plan:
     tokens_before: int = 0
     tokens_after: int = 0
     stages: tuple[str, ...] = ()
+    # The budget is the team's max_context_tokens, below what the model's window allows.
+    capped: bool = False
     # The exact count of a prompt already known to fit, running while the upstream works.
     counting: asyncio.Task[int] | None = None
 
@@ -43,30 +52,53 @@ class Plan:
             self.counting = None
 
 
-async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | None = None) -> Plan:
+async def plan_request(
+    runtime: Runtime,
+    chat: ChatRequest,
+    *,
+    budget: int | None = None,
+    cap: int | None = None,
+    client_gone: Callable[[], Awaitable[bool]] | None = None,
+) -> Plan:
     """The body to forward: the original bytes when the prompt fits, a fitted one otherwise.
 
-    ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window.
+    ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window,
+    bounded by ``cap`` (a team's max_context_tokens) when that is lower.
+    ``client_gone`` is asked between counting and fitting, the two costly steps of a large
+    body: once its client has hung up, the fit is not started (ClientDisconnect).
     When no decision needs the exact count — no known budget, or the free byte bound (a BPE
     token covers at least one byte) is already under it — the original bytes go out at once
     and the count runs alongside the upstream request.
     """
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
+    capped = False
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
-        if window.tokens is not None:
+        if window.source == "bisected" and window.tokens is not None:
+            budget = bisected_budget(runtime, chat, window.tokens)
+        elif window.tokens is not None:
             budget = runtime.settings.budget.usable(window.tokens, chat.payload)
+        if cap is not None and (budget is None or cap < budget):
+            budget, capped = cap, True
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
         return Plan(
-            chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, chat.payload))
+            chat.raw,
+            budget,
+            capped=capped,
+            counting=asyncio.create_task(count_request_async(counter, chat.payload)),
         )
     tokens = await count_request_async(counter, chat.payload)
     if tokens <= budget and chat.mode != "aggressive":
-        return Plan(chat.raw, budget, tokens, tokens)
+        return Plan(chat.raw, budget, tokens, tokens, capped=capped)
+    if client_gone is not None and await client_gone():
+        raise ClientDisconnect
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
-    return _fitted_plan(runtime, chat, counter, tokens, budget)
+        plan = await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
+    else:
+        plan = _fitted_plan(runtime, chat, counter, tokens, budget)
+    plan.capped = capped
+    return plan
 
 
 def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
@@ -93,7 +125,8 @@ def _fitted_plan(
         raise GatewayError(
             400,
             f"This request needs at least {exc.minimum + fixed} prompt tokens even after compression, "
-            f"but the model's usable budget is {budget} tokens (prompt was {tokens} tokens). "
+            f"but the usable budget (model window or team cap) is {budget} tokens "
+            f"(prompt was {tokens} tokens). "
             "Shorten the system prompt or the latest message.",
             param="messages",
             code="context_length_exceeded",
@@ -109,24 +142,68 @@ def _fitted_plan(
     return Plan(body, budget, tokens, tokens_after, tuple(result.stages))
 
 
-def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int | None:
+def demand(chat: ChatRequest, plan: Plan) -> int:
+    """What a request asks of the window: its prompt (as counted) plus the output it asked for.
+    Without max_tokens upstreams check the prompt alone, so nothing is added."""
+    return plan.tokens_after + (requested_output(chat.payload) or 0)
+
+
+def bisected_budget(runtime: Runtime, chat: ChatRequest, estimate: int) -> int:
+    """Prompt tokens that fit a demand estimate learned from accepted and refused requests.
+
+    The estimate is in demand units, measured on this model's own answers: only the output
+    this request asks for and the safety margin come off, not a default output reserve.
+    """
+    output = requested_output(chat.payload) or 0
+    # The margin covers counting noise, which scales with the prompt: small windows keep most of it.
+    margin = min(runtime.settings.budget.safety_margin, estimate // BISECTED_MARGIN_DIVISOR)
+    return max(1, estimate - output - margin)
+
+
+def refusal_of(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> Refusal:
+    return Refusal(
+        demand=demand(chat, sent),
+        prompt_tokens=sent.tokens_after,
+        stated_window=overflow.window,
+        stated_prompt=overflow.prompt_tokens,
+        stated_output=overflow.requested_output,
+        expected_window=runtime.windows.reference_window(chat.model),
+    )
+
+
+def overflow_retry_budget(
+    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow, window: int | None
+) -> int | None:
     """A budget, in the gateway's own token units, that the upstream will accept this time.
 
-    None when compressing cannot help: the requested output alone fills the stated window.
+    ``window`` is the stated window when it was believed (`learned_windows.judge`), else None.
+    None when compressing cannot help: the requested output alone fills the stated window, or
+    the refused request was smaller than any plausible window.
     When the upstream states its count of what was sent, its ratio to ours converts the stated
     window into our units (our estimate can be off for non-OpenAI tokenizers).
+
+    With no believable window the retry must not fail again (a second refusal reaches the
+    client): it aims at the largest demand this model accepted when that is close below the
+    refused one (a growing conversation's previous turn), else at the bisection estimate.
     """
     ceiling = int(sent.tokens_after * OVERFLOW_RETRY_HEADROOM)
-    if overflow.window is None:
-        return min(ceiling, int(sent.tokens_after * OVERFLOW_BLIND_CUT))
-    if overflow.requested_output is not None and overflow.requested_output >= overflow.window:
+    if window is None:
+        refused = demand(chat, sent)
+        if refused < runtime.settings.windows.min_plausible_window:
+            # Smaller than any plausible window: the upstream's complaint is about something else.
+            return None
+        evidence = runtime.windows.learned.get(chat.model)
+        target = int(refused * OVERFLOW_BLIND_CUT)
+        if evidence is not None and evidence.accepted is not None and evidence.accepted >= target:
+            target = evidence.accepted
+        elif evidence is not None:
+            target = evidence.estimate() or target
+        return max(1, min(ceiling, bisected_budget(runtime, chat, target)))
+    if overflow.requested_output is not None and overflow.requested_output >= window:
         return None
     cfg = runtime.settings.budget
-    if overflow.input_limit:
-        # The stated maximum covers the prompt alone: no room to reserve for the answer.
-        budget = max(0, overflow.window - cfg.safety_margin)
-    else:
-        budget = cfg.usable(overflow.window, chat.payload)
+    # An input limit covers the prompt alone: no room to reserve for the answer.
+    budget = max(0, window - cfg.safety_margin) if overflow.input_limit else cfg.usable(window, chat.payload)
     if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
         budget = budget * sent.tokens_after // overflow.prompt_tokens
     return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

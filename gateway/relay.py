@@ -73,13 +73,12 @@ async def first_chunk(reply: UpstreamReply, idle_timeout: float) -> tuple[bytes,
     return first, body
 
 
-def prompt_tokens_from_json(body: bytes) -> int | None:
-    """``usage.prompt_tokens`` of a non-streamed answer, if it reports one."""
+def usage_from_json(body: bytes) -> object:
+    """The ``usage`` member of a non-streamed answer (None if it has none)."""
     try:
-        usage = orjson.loads(body).get("usage")
+        return orjson.loads(body).get("usage")
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    return _prompt_tokens(usage)
 
 
 def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
@@ -92,13 +91,13 @@ def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
             usage = orjson.loads(line[5:]).get("usage")
         except (orjson.JSONDecodeError, AttributeError):
             continue
-        tokens = _prompt_tokens(usage)
+        tokens = prompt_tokens(usage)
         if tokens is not None:
             return tokens
     return None
 
 
-def _prompt_tokens(usage: object) -> int | None:
+def prompt_tokens(usage: object) -> int | None:
     if isinstance(usage, dict):
         value = usage.get("prompt_tokens")
         if isinstance(value, int) and value >= 0:

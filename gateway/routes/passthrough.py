@@ -1,15 +1,24 @@
-"""Every /v1 route other than chat completions: relayed unchanged, bodies streamed both ways."""
+"""Every /v1 route other than chat completions: relayed unchanged, bodies streamed both ways.
+
+The path goes upstream as the client encoded it (unsafe ones never get here: gateway.request_path).
+With teams configured: authenticated, held to the team's requests-per-minute limit, and, for a
+team with a model allow-list, the JSON body's ``model`` checked against it (embeddings,
+completions, responses …: no route may reach a model the team may not use).
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from starlette.requests import Request
+import orjson
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
+from gateway.policy.answers import without_rate_limits
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
+from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
 
 # Bodies up to this size are buffered so the request can be retried; larger ones stream.
@@ -19,16 +28,45 @@ RETRYABLE_BODY_LIMIT = 1024 * 1024
 async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     request_id: str = request.state.request_id
-    body = await _request_body(request, runtime.settings.server.max_body_bytes)
-    api_key = runtime.settings.upstream.api_key
-    reply = await runtime.upstream.send(
-        request.method,
-        runtime.upstream.url_for(request.url.path, upstream_query(request.url.query, api_key=api_key)),
-        to_upstream(request.headers, api_key=api_key, request_id=request_id),
-        body,
-        gateway_credentials=bool(api_key),
-    )
-    headers = to_client(reply.headers, request_id=request_id)
+    path = upstream_path(request.scope["raw_path"])
+    team = runtime.policy.authenticate(request.headers)
+    limit = runtime.settings.server.max_passthrough_body_bytes
+    body: bytes | _Upload | None
+    if team is not None and team.settings.models is not None:
+        # The whole body is needed to read its model: buffered, within the body limit.
+        whole = await read_body(request, limit)
+        model = body_model(whole)
+        if model is not None:
+            runtime.policy.check_model(team, model)
+        has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
+        body = whole if has_body else None
+    else:
+        body = await _request_body(request, limit)
+    if isinstance(body, bytes) and await request.is_disconnected():
+        raise ClientDisconnect  # nobody would read the answer: the upstream is not called
+    admission = await runtime.policy.admit(team, None) if team is not None else None
+    api_key = runtime.upstream_key(team)
+    strip = team is not None  # the caller's credential is a gateway key: it never crosses
+    try:
+        reply = await runtime.upstream.send(
+            request.method,
+            runtime.upstream.url_for(
+                path, upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+            ),
+            to_upstream(request.headers, api_key=api_key, request_id=request_id, strip_credentials=strip),
+            body.chunks() if isinstance(body, _Upload) else body,
+            gateway_credentials=bool(api_key) or strip,
+        )
+    except GatewayError:
+        if isinstance(body, _Upload) and body.failure is not None:
+            raise body.failure from None  # the client left mid-upload, or sent too much
+        raise
+    if admission is None:
+        headers = to_client(reply.headers, request_id=request_id)
+    else:
+        headers = to_client(
+            without_rate_limits(reply.headers), request_id=request_id, extra=admission.headers
+        )
     if reply.content_length is not None:
         headers.append((b"content-length", str(reply.content_length).encode()))
     if reply.response is None or request.method == "HEAD":
@@ -42,7 +80,19 @@ async def passthrough(request: Request) -> Response:
     return response
 
 
-async def _request_body(request: Request, limit: int) -> bytes | AsyncIterator[bytes] | None:
+def body_model(body: bytes) -> str | None:
+    """The ``model`` of a JSON object body (None for anything else: multipart uploads, no body)."""
+    if body[:1024].lstrip()[:1] != b"{":
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def _request_body(request: Request, limit: int) -> bytes | _Upload | None:
     declared = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if declared is None and not chunked:
@@ -51,15 +101,31 @@ async def _request_body(request: Request, limit: int) -> bytes | AsyncIterator[b
         return await read_body(request, limit)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise body_too_large(limit)
-    return _limited_stream(request, limit)
+    return _Upload(request, limit)
 
 
-async def _limited_stream(request: Request, limit: int) -> AsyncIterator[bytes]:
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            # Too late for a 413 (the upstream request has started): abort the upload.
-            raise GatewayError(413, "Request body exceeded the gateway's limit while streaming.")
-        if chunk:
-            yield chunk
+class _Upload:
+    """A request body streamed upstream, at most ``limit`` bytes.
+
+    aiohttp turns whatever the body's iterator raises into a connection error (which would
+    answer 502, "upstream unreachable"); the real cause is kept here so the route raises it.
+    """
+
+    def __init__(self, request: Request, limit: int) -> None:
+        self.request = request
+        self.limit = limit
+        self.failure: Exception | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        size = 0
+        try:
+            async for chunk in self.request.stream():
+                size += len(chunk)
+                if size > self.limit:
+                    # Too late for a 413 before the upstream request: abort the upload.
+                    raise body_too_large(self.limit)
+                if chunk:
+                    yield chunk
+        except (ClientDisconnect, GatewayError) as exc:
+            self.failure = exc
+            raise

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.serving import usable_cpus, worker_count
+from gateway.server.cpus import usable_cpus, worker_count
 
 AFFINITY = len(os.sched_getaffinity(0))
 
