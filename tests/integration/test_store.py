@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -13,7 +14,7 @@ from gateway.runtime import Runtime
 from gateway.settings import load_settings
 from gateway.store import MemoryStore, Store, open_store
 from gateway.store.redis import RedisStore
-from gateway.tokens.windows import LearnedWindows
+from gateway.tokens.learned_windows import Evidence, LearnedWindows
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
 
@@ -112,7 +113,7 @@ async def test_concurrent_first_requests_all_wait_for_the_one_store_read() -> No
     model = f"burst-model-{uuid.uuid4().hex[:8]}"
     store = SlowStore()
     replica = LearnedWindows()
-    replica.learn(model, 5000)
+    replica.put(model, Evidence(stated=5000, expires_at=time.time() + 3600))
     await replica.save(store, model)
     runtime = Runtime.create(load_settings(None, {}))
     runtime.store = store
