@@ -305,11 +305,14 @@ async def test_client_disconnect_closes_upstream_stream(
     fake_upstream: FakeUpstream, gateway_url: str
 ) -> None:
     fake_upstream.chunk_delay = 0.5
-    async with httpx.AsyncClient(timeout=10) as client, client.stream(
-        "POST",
-        f"{gateway_url}/chat/completions",
-        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
-    ) as answer:
+    async with (
+        httpx.AsyncClient(timeout=10) as client,
+        client.stream(
+            "POST",
+            f"{gateway_url}/chat/completions",
+            json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+        ) as answer,
+    ):
         async for _ in answer.aiter_bytes():
             break  # got the first bytes; now hang up
     for _ in range(40):

@@ -62,9 +62,7 @@ def test_cache_keys_depend_on_profile_and_content_not_key_order() -> None:
     reordered = {"content": "hello", "role": "user"}
     assert message_key(b"o200k/4o", message) == message_key(b"o200k/4o", reordered)
     assert message_key(b"o200k/4o", message) != message_key(b"cl100k", message)
-    assert message_key(b"o200k/4o", message) != message_key(
-        b"o200k/4o", {**message, "content": "hellO"}
-    )
+    assert message_key(b"o200k/4o", message) != message_key(b"o200k/4o", {**message, "content": "hellO"})
 
 
 def test_shared_cache_never_mixes_tokenizers() -> None:
