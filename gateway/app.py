@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
+from gateway.middleware import RequestGuard
 from gateway.routes.chat import chat_completions
 from gateway.routes.health import healthz, metrics
 from gateway.routes.passthrough import passthrough
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.tokens.encodings import warm_up
-
-log = logging.getLogger("gateway")
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -51,11 +50,6 @@ def create_app(settings: Settings) -> Starlette:
         )
         return GatewayError(exc.status_code, message).response()
 
-    async def unexpected_error(request: Request, exc: Exception) -> Response:
-        # Logged without the request (it may carry keys); the client gets no traceback.
-        log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
-        return GatewayError(500, "The gateway failed to handle this request.", type="server_error").response()
-
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -66,8 +60,9 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,
-            Exception: unexpected_error,
         },
+        # Outside the routes and their handlers: a bug anywhere still answers a clean 500.
+        middleware=[Middleware(RequestGuard)],
         lifespan=lifespan,
     )
     app.state.runtime = runtime

@@ -10,8 +10,8 @@ import orjson
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from gateway.wire.chat import validate_chat_body
 
-VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 CompressionMode = Literal["off", "auto", "aggressive"]
 COMPRESSION_HEADER = "x-gateway-compression"
 
@@ -56,41 +56,11 @@ def parse_chat_request(raw: bytes, headers: Mapping[str, str]) -> ChatRequest:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}.") from None
-    if not isinstance(payload, dict):
-        raise GatewayError(400, "The request body must be a JSON object.")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise GatewayError(400, "you must provide a model parameter", param="model")
-    messages = payload.get("messages")
-    if not isinstance(messages, list):
-        raise GatewayError(
-            400,
-            "'messages' is a required property and must be an array of messages."
-            if messages is None
-            else f"Invalid type for 'messages': expected an array, but got {_json_type(messages)} instead.",
-            param="messages",
-        )
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise GatewayError(
-                400,
-                f"Invalid type for 'messages[{index}]': expected an object, but got "
-                f"{_json_type(message)} instead.",
-                param=f"messages[{index}]",
-            )
-        role = message.get("role")
-        if role not in VALID_ROLES:
-            raise GatewayError(
-                400,
-                f"Invalid value for 'messages[{index}].role': {role!r}. Supported values are: "
-                + ", ".join(f"'{r}'" for r in sorted(VALID_ROLES))
-                + ".",
-                param=f"messages[{index}].role",
-            )
+    validate_chat_body(payload, raw)
     return ChatRequest(
         raw=raw,
         payload=payload,
-        model=model,
+        model=payload["model"],
         stream=payload.get("stream") is True,
         mode=compression_mode(headers),
     )
@@ -109,17 +79,3 @@ def compression_mode(headers: Mapping[str, str]) -> CompressionMode:
         f"Invalid {COMPRESSION_HEADER} header {value[:40]!r}: use off, auto or aggressive.",
         param=COMPRESSION_HEADER,
     )
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,17 +12,21 @@ from typing import Any
 
 import orjson
 
-from gateway.settings import ConfigError, load_settings
+from gateway import __version__
+from gateway.settings import CONFIG_ENV, ConfigError, Settings, is_loopback, load_settings, redact_url
+
+log = logging.getLogger("gateway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="context-gateway", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"context-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="YAML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 8080)")
+    serve.add_argument("--port", type=_port, help="listen port (default 8080)")
 
     compress = commands.add_parser("compress", help="dry-run the compression of a request body")
     compress.add_argument("--model", required=True)
@@ -57,14 +63,28 @@ class InputError(Exception):
     pass
 
 
+def _port(text: str) -> int:
+    """A listen port: 1–65535, or argparse's own usage error (never a silently wrapped number)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, got {port}")
+    return port
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
 
-    settings = load_settings(args.config)
-    host = args.host or settings.server.host
-    port = args.port or settings.server.port
+    settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
+    host, port = settings.server.host, settings.server.port
+    logging.basicConfig(
+        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log.info("%s", startup_line(settings, args.config))
     uvicorn.run(
         create_app(settings),
         host=host,
@@ -76,6 +96,20 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def startup_line(settings: Settings, config_path: str | None) -> str:
+    """What an operator needs to know this process is the one they meant to start."""
+    source = config_path or os.environ.get(CONFIG_ENV) or "built-in defaults"
+    store = redact_url(settings.redis_url) if settings.redis_url else "memory (this process only)"
+    host = settings.server.host
+    address = f"[{host}]" if ":" in host else host
+    key = "the gateway's own key" if settings.upstream.api_key else "each caller's own key"
+    exposure = "" if is_loopback(host) else " (reachable from the network)"
+    return (
+        f"context-gateway {__version__}: config {source}; upstream {redact_url(settings.upstream.base_url)} "
+        f"with {key}; store {store}; listening on http://{address}:{settings.server.port}{exposure}"
+    )
 
 
 def _read_request(path: str) -> dict[str, Any]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-CHAT_REQUESTS = Counter(
-    "gateway_chat_requests_total", "Chat completions handled, by upstream status class.", ["status"]
+REQUESTS = Counter(
+    "gateway_requests_total",
+    "Requests answered, the gateway's own errors included, by route and status class.",
+    ["route", "status"],
 )
 COMPRESSIONS = Counter(
     "gateway_compression_stages_total", "Compression stages applied to chat requests.", ["stage"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import Headers
 
@@ -13,6 +14,13 @@ REQUEST_ID = "x-request-id"
 GATEWAY_REQUEST_ID = "x-gateway-request-id"
 # The gateway's HTTP server sets its own; relaying the upstream's would send them twice.
 SERVER_SET = frozenset({"date", "server"})
+# Every way a client can carry a credential (OpenAI, Azure, Anthropic, Google, Azure APIM, cookies).
+# When the gateway supplies the upstream key, none of them may cross: the caller's key would reach
+# the upstream beside the organisation's, or replace it.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "api-key", "x-api-key", "x-goog-api-key", "ocp-apim-subscription-key", "cookie"}
+)
+CREDENTIAL_QUERY_PARAMS = frozenset({"api-key", "api_key", "apikey", "key", "access_token", "token"})
 
 
 def request_id_for(headers: Headers) -> str:
@@ -26,7 +34,7 @@ def request_id_for(headers: Headers) -> str:
 def to_upstream(
     headers: Headers, *, api_key: str | None, request_id: str, identity_encoding: bool = False
 ) -> list[tuple[str, str]]:
-    """The client's headers minus hop-by-hop ones; the configured key replaces the caller's.
+    """The client's headers minus hop-by-hop ones; the configured key replaces every client credential.
 
     ``identity_encoding`` asks the upstream for an uncompressed answer, for the routes whose
     answer the gateway reads (usage, overflow errors).
@@ -34,7 +42,7 @@ def to_upstream(
     out = forward_headers(headers.items())
     drop = {REQUEST_ID}
     if api_key:
-        drop.add("authorization")
+        drop |= CREDENTIAL_HEADERS
     if identity_encoding:
         drop.add("accept-encoding")
     out = [(name, value) for name, value in out if name.lower() not in drop]
@@ -42,6 +50,15 @@ def to_upstream(
         out.append(("authorization", f"Bearer {api_key}"))
     out.append((REQUEST_ID, request_id))
     return out
+
+
+def upstream_query(query: str, *, api_key: str | None) -> str:
+    """The client's query string, less any key parameter when the gateway supplies the key."""
+    if not api_key or not query:
+        return query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    kept = [(name, value) for name, value in pairs if name.lower() not in CREDENTIAL_QUERY_PARAMS]
+    return query if len(kept) == len(pairs) else urlencode(kept)
 
 
 def to_client(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from gateway import metrics
 from gateway.overflow import Overflow, detect_silent_truncation
 from gateway.settings import Settings
 from gateway.store import Store, open_store
-from gateway.tokens.calibration import Calibration
+from gateway.tokens.calibration import MAX_MODELS, Calibration
 from gateway.tokens.counter import CALIBRATION, counter_for
 from gateway.tokens.windows import LearnedWindows, WindowResolver
 from gateway.upstream import Upstream
@@ -32,8 +33,9 @@ class Runtime:
     calibration: Calibration
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
-    # Models whose learned state was read from the store by this process.
-    _loaded: set[str] = field(default_factory=set)
+    # Models whose learned state this process read from the store, most recent last (bounded:
+    # model names come from clients; an evicted one is simply read again).
+    _loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:
@@ -57,8 +59,11 @@ class Runtime:
     async def load_learned(self, model: str) -> None:
         """Once per model and process: adopt what other replicas learned (window, calibration)."""
         if model in self._loaded:
+            self._loaded.move_to_end(model)
             return
-        self._loaded.add(model)
+        self._loaded[model] = None
+        if len(self._loaded) > MAX_MODELS:
+            self._loaded.popitem(last=False)
         try:
             await self.windows.learned.load(self.store, model)
             await self.calibration.load(self.store, model)
@@ -77,7 +82,7 @@ class Runtime:
         if reported is None:
             return False
         if detect_silent_truncation(estimated, reported):
-            metrics.SILENT_TRUNCATIONS.labels(model).inc()
+            metrics.SILENT_TRUNCATIONS.labels(self.model_label(model)).inc()
             log.warning("upstream for %s counted %d prompt tokens of ~%d sent", model, reported, estimated)
             return True
         if not counter_for(model).exact:
@@ -85,6 +90,13 @@ class Runtime:
             if self.calibration.samples(model) % CALIBRATION_SAVE_EVERY == 1:
                 self.in_background(self.calibration.save(self.store, model))
         return False
+
+    def model_label(self, model: str) -> str:
+        """A metric label value: models the operator or litellm's map knows by name, else "other".
+
+        Clients invent model names at will; each label value is a time series forever.
+        """
+        return model if self.windows.known(model) else "other"
 
     def in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run a store write without holding up the answer; failures are logged, never raised."""

@@ -9,14 +9,18 @@ list-valued keys take commas: ``GATEWAY_COMPRESSION_TOOL_RESULT_CAPS=2048,256``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
 import json
+import math
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -28,7 +32,20 @@ CONFIG_ENV = "GATEWAY_CONFIG"
 
 
 class ConfigError(ValueError):
-    """The configuration cannot be used; the message says which key and why."""
+    """The configuration cannot be used; the message lists every problem, each naming its key."""
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else problems
+        if len(self.problems) == 1:
+            super().__init__(self.problems[0])
+        else:
+            super().__init__(
+                f"{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+            )
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,9 @@ class ServerSettings:
     # Bodies above this are refused with 413 before being read in full.
     max_body_bytes: int = 32 * 1024 * 1024
     log_level: str = "info"
+    # An upstream key, no gateway keys and a non-loopback address make an open relay: refused
+    # at start-up unless the operator says this is what they mean.
+    allow_unauthenticated: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,8 +122,18 @@ class Settings:
         return {name: m.context_window for name, m in self.models.items() if m.context_window}
 
 
-def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Read the YAML file (``path`` or ``$GATEWAY_CONFIG``), then apply environment overrides."""
+def load_settings(
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    server_overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Read the YAML file (``path`` or ``$GATEWAY_CONFIG``), then apply environment overrides,
+    then ``server_overrides`` (the command line's ``--host``/``--port``).
+
+    Every problem is collected before anything is reported, so an operator fixes a broken
+    deployment in one round instead of one key per restart.
+    """
     env = os.environ if environ is None else environ
     path = path or env.get(CONFIG_ENV) or None
     raw: dict[str, Any] = {}
@@ -117,12 +147,131 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         raw = loaded or {}
-    _apply_env(Settings, raw, (), env)
-    settings: Settings = _build(Settings, raw, "")
+    problems: list[str] = []
+    _apply_env(Settings, raw, (), env, problems)
+    problems.extend(_unknown_environment(env))
+    if server_overrides:
+        server = raw.setdefault("server", {})
+        if isinstance(server, dict):
+            server.update({k: v for k, v in server_overrides.items() if v is not None})
+    settings = _build(Settings, raw, "", problems)
+    if settings is not None:
+        problems.extend(_check(settings))
+    if problems:
+        raise ConfigError(problems)
+    assert isinstance(settings, Settings)
     return settings
 
 
-def _apply_env(cls: type[Any], raw: dict[str, Any], path: tuple[str, ...], env: Mapping[str, str]) -> None:
+def environment_names(cls: type[Any] = Settings, path: tuple[str, ...] = ()) -> Iterator[str]:
+    """Every ``GATEWAY_*`` variable the settings read (mapping-valued keys take one, as JSON)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            yield from environment_names(typing.cast(type[Any], hint), (*path, f.name))
+        else:
+            yield ENV_PREFIX + "_".join((*path, f.name)).upper()
+
+
+def _unknown_environment(env: Mapping[str, str]) -> list[str]:
+    """A misspelled variable would otherwise be ignored without a word."""
+    known = {*environment_names(), CONFIG_ENV}
+    problems = []
+    for name in sorted(n for n in env if n.upper().startswith(ENV_PREFIX) and n not in known):
+        close = difflib.get_close_matches(name.upper(), known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problems.append(f"unknown environment variable {name}{hint}")
+    return problems
+
+
+def _check(settings: Settings) -> list[str]:
+    """Problems no single value shows on its own: URLs, names, ranges, the open relay."""
+    problems = []
+    upstream_problem = http_url_problem(settings.upstream.base_url)
+    if upstream_problem:
+        problems.append(f"upstream.base_url {upstream_problem}")
+    if settings.server.log_level.lower() not in LOG_LEVELS:
+        problems.append(
+            f"server.log_level must be one of {', '.join(LOG_LEVELS)}, got {settings.server.log_level!r}"
+        )
+    if not 1 <= settings.server.port <= 65535:
+        problems.append(f"server.port must be between 1 and 65535, got {settings.server.port}")
+    if settings.redis_url:
+        redis_problem = _redis_url_problem(settings.redis_url)
+        if redis_problem:
+            problems.append(f"redis_url {redis_problem}")
+    if open_relay(settings):
+        problems.append(
+            f"upstream.api_key is set, no gateway keys are configured and the gateway listens on "
+            f"{settings.server.host}, which is not a loopback address: anyone who can reach it would "
+            "use the organisation's upstream key (an open relay). Listen on 127.0.0.1, configure "
+            "gateway keys, or set server.allow_unauthenticated: true if this is what you mean"
+        )
+    return problems
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an upstream base URL, or None. Never quotes credentials."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return f"must start with http:// or https:// (got {redact_url(url)!r})"
+    if not parts.hostname:
+        return f"has no host (got {redact_url(url)!r})"
+    try:
+        _ = parts.port
+    except ValueError:
+        return f"has an invalid port (got {redact_url(url)!r})"
+    return None
+
+
+def _redis_url_problem(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        return f"must start with redis://, rediss:// or unix:// (got {redact_url(url)!r})"
+    if parts.scheme != "unix" and not parts.hostname:
+        return f"has no host (got {redact_url(url)!r})"
+    try:
+        _ = parts.port
+    except ValueError:
+        return f"has an invalid port (got {redact_url(url)!r})"
+    database = parts.path.strip("/")
+    if database and not database.isdigit() and parts.scheme != "unix":
+        return f"names database {database!r}; it must be a number"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its user and password, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return parts._replace(netloc=netloc).geturl()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def open_relay(settings: Settings) -> bool:
+    """An upstream key anyone on the network could spend."""
+    return (
+        bool(settings.upstream.api_key)
+        and not settings.server.allow_unauthenticated
+        and not is_loopback(settings.server.host)
+    )
+
+
+def _apply_env(
+    cls: type[Any], raw: dict[str, Any], path: tuple[str, ...], env: Mapping[str, str], problems: list[str]
+) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key_path = (*path, f.name)
@@ -130,7 +279,7 @@ def _apply_env(cls: type[Any], raw: dict[str, Any], path: tuple[str, ...], env: 
         if dataclasses.is_dataclass(hint):
             nested = raw.setdefault(f.name, {})
             if isinstance(nested, dict):
-                _apply_env(typing.cast(type[Any], hint), nested, key_path, env)
+                _apply_env(typing.cast(type[Any], hint), nested, key_path, env, problems)
             continue
         name = ENV_PREFIX + "_".join(key_path).upper()
         if name not in env:
@@ -140,47 +289,69 @@ def _apply_env(cls: type[Any], raw: dict[str, Any], path: tuple[str, ...], env: 
             try:
                 raw[f.name] = json.loads(value)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{name} must be JSON: {exc.msg}") from exc
+                problems.append(f"{name} must be JSON: {exc.msg}")
         else:
             raw[f.name] = value
 
 
-def _build(cls: type[Any], raw: Any, where: str) -> Any:
+def _build(cls: type[Any], raw: Any, where: str, problems: list[str]) -> Any:
+    """The dataclass for ``raw``, or None after adding what is wrong with it to ``problems``."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping")
+        problems.append(f"{where or 'config'} must be a mapping")
+        return None
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ConfigError(f"unknown config key {_join(where, unknown[0])}")
-    values = {name: _convert(hints[name], value, _join(where, name)) for name, value in raw.items()}
+    names = sorted(f.name for f in dataclasses.fields(cls))
+    found = len(problems)
+    for name in sorted(set(raw) - set(names), key=str):
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f" (did you mean {_join(where, close[0])}?)" if close else ""
+        problems.append(f"unknown config key {_join(where, str(name))}{hint}")
+    values = {
+        name: _convert(hints[name], value, _join(where, name), problems)
+        for name, value in raw.items()
+        if name in hints
+    }
+    if len(problems) > found:
+        return None
     try:
         return cls(**values)
     except ValueError as exc:  # a section's own validation (e.g. CompressionOptions)
-        raise ConfigError(f"{where or 'config'}: {exc}") from None
+        problems.append(f"{where or 'config'}: {exc}")
+        return None
 
 
-def _convert(hint: Any, value: Any, where: str) -> Any:
+def _convert(hint: Any, value: Any, where: str, problems: list[str]) -> Any:
+    """``value`` as ``hint``; a problem is added to ``problems`` (and None returned) when it is not."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None or value == "":
             return None
-        return _convert(options[0], value, where)
+        return _convert(options[0], value, where, problems)
     if dataclasses.is_dataclass(hint):
-        return _build(typing.cast(type[Any], hint), value, where)
+        return _build(typing.cast(type[Any], hint), value, where, problems)
     if origin is dict:
         _, value_type = typing.get_args(hint)
         if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a mapping")
-        return {str(k): _convert(value_type, v, f"{where}.{k}") for k, v in value.items()}
+            problems.append(f"{where} must be a mapping")
+            return None
+        return {str(k): _convert(value_type, v, f"{where}.{k}", problems) for k, v in value.items()}
     if origin is tuple:
         item_type = typing.get_args(hint)[0]
         # From the environment a list is comma-separated: GATEWAY_COMPRESSION_TOOL_RESULT_CAPS=2048,256
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
-            raise ConfigError(f"{where} must be a list")
-        return tuple(_convert(item_type, item, f"{where}[{i}]") for i, item in enumerate(items))
+            problems.append(f"{where} must be a list")
+            return None
+        return tuple(_convert(item_type, item, f"{where}[{i}]", problems) for i, item in enumerate(items))
+    try:
+        return _scalar(hint, value, where)
+    except ConfigError as exc:
+        problems.append(str(exc))
+        return None
+
+
+def _scalar(hint: Any, value: Any, where: str) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -188,12 +359,18 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
             return True
         if str(value).lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
+        raise ConfigError(f"{where} must be true or false, got {str(value)[:40]!r}")
     if hint in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
         try:
             number = hint(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"{where} must be a number, got {str(value)[:40]!r}") from None
+        if hint is int and isinstance(value, float) and value != number:
+            raise ConfigError(f"{where} must be a whole number, got {value!r}")
+        if hint is float and not math.isfinite(number):
+            raise ConfigError(f"{where} must be a finite number")
         if number < 0:
             raise ConfigError(f"{where} must not be negative")
         return number

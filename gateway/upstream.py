@@ -60,6 +60,27 @@ def upstream_broken(message: str) -> GatewayError:
     return GatewayError(502, message, type="server_error", code="upstream_broken")
 
 
+def own_key_rejected(method: str, url: URL) -> GatewayError:
+    """The upstream refused the key the gateway itself supplied.
+
+    Relaying its 401 would tell every client that *their* key is wrong and show them the
+    upstream's message, which quotes part of the organisation's key. The operator is told
+    in the log instead; the client learns only that the gateway is misconfigured.
+    """
+    log.error(
+        "the upstream rejected the gateway's configured API key (401 on %s %s): check upstream.api_key",
+        method,
+        url.path,
+    )
+    return GatewayError(
+        502,
+        "The upstream rejected the gateway's own credentials. This is a gateway configuration "
+        "problem for its operator; the request itself may be fine.",
+        type="server_error",
+        code="upstream_auth_failed",
+    )
+
+
 class RetryableStatus(Exception):
     """An upstream answer worth another attempt; kept whole so the last one can be relayed."""
 
@@ -175,11 +196,15 @@ class Upstream:
         url: URL,
         headers: Mapping[str, str] | list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes] | None,
+        *,
+        gateway_credentials: bool = False,
     ) -> UpstreamReply:
         """Send and wait for the response headers, retrying what is safe to retry.
 
         Only re-sendable bodies (bytes or none) are retried; nothing has reached the
         client yet at this point, so a retry can never duplicate relayed bytes.
+        ``gateway_credentials``: the request carries the gateway's own key, so a 401 is the
+        operator's problem, not the client's (see `own_key_rejected`).
         """
         attempts = self.settings.retries.max_attempts if not isinstance(body, AsyncIterator) else 1
         total = self.settings.timeouts.total
@@ -195,7 +220,6 @@ class Upstream:
                 retrying = self._retrying(attempts, total)
                 reply = await self._retry(retrying, failure, method, url, headers, body, deadline)
             reply.deadline = deadline
-            return reply
         except RetryableStatus as exhausted:
             # Attempts actually made: the time bound or a long Retry-After can stop before max_attempts.
             made = 1 if retrying is None else int(retrying.statistics.get("attempt_number", attempts))
@@ -214,6 +238,10 @@ class Upstream:
                 type="server_error",
                 code="upstream_unreachable",
             ) from None
+        if gateway_credentials and reply.status == 401:
+            reply.close()
+            raise own_key_rejected(method, url)
+        return reply
 
     def _retrying(self, attempts: int, total: float) -> AsyncRetrying:
         cfg = self.settings.retries

@@ -12,6 +12,7 @@ import pytest
 import gateway  # noqa: F401  (offline tiktoken before anything loads it)
 from gateway.app import create_app
 from gateway.settings import load_settings
+from gateway.tokens.counter import CALIBRATION, MESSAGE_COUNTS
 from tests.fakes.serve import serve_in_thread
 from tests.fakes.upstream import FakeUpstream
 
@@ -20,6 +21,16 @@ pytest_plugins = ["tests.fakes.fixtures"]
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 GatewayFactory = Callable[..., str]
+
+
+@pytest.fixture(autouse=True)
+def isolated_process_state() -> Iterator[None]:
+    """Calibration factors and cached counts are process-wide: no test sees another's."""
+    CALIBRATION.clear()
+    MESSAGE_COUNTS.clear()
+    yield
+    CALIBRATION.clear()
+    MESSAGE_COUNTS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from yarl import URL
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
 from gateway.planning import Plan, overflow_retry_budget, plan_request
-from gateway.proxy_headers import request_id_for, to_client, to_upstream
+from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.relay import (
     cancel_safely,
     first_chunk,
@@ -28,6 +29,15 @@ from gateway.relay import (
 )
 from gateway.runtime import Runtime
 from gateway.upstream import UpstreamReply
+
+
+@dataclass(frozen=True)
+class Upstreaming:
+    """Where and how every attempt of one request goes upstream."""
+
+    url: URL
+    headers: list[tuple[str, str]]
+    gateway_credentials: bool
 
 
 @dataclass
@@ -43,20 +53,21 @@ class Attempt:
 async def chat_completions(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     started = time.perf_counter()
-    request_id = request_id_for(request.headers)
+    request_id: str = request.state.request_id
     chat = parse_chat_request(
         await read_body(request, runtime.settings.server.max_body_bytes), request.headers
     )
     plan = await plan_request(runtime, chat)
     metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
-    upstream_headers = to_upstream(
-        request.headers,
-        api_key=runtime.settings.upstream.api_key,
-        request_id=request_id,
-        identity_encoding=True,
+    api_key = runtime.settings.upstream.api_key
+    query = upstream_query(request.url.query, api_key=api_key)  # Azure's api-version rides on it
+    upstream = Upstreaming(
+        headers=to_upstream(request.headers, api_key=api_key, request_id=request_id, identity_encoding=True),
+        url=runtime.upstream.url_for("/v1/chat/completions", query),
+        gateway_credentials=bool(api_key),
     )
 
-    attempt = await _send(runtime, chat, plan, upstream_headers)
+    attempt = await _send(runtime, chat, plan, upstream)
     retried = False
     first_overflow = attempt.overflow
     retry_budget = None
@@ -67,7 +78,7 @@ async def chat_completions(request: Request) -> Response:
         retried = True
         attempt.reply.close()
         retry_plan = await plan_request(runtime, chat, budget=retry_budget)
-        attempt = await _send(runtime, chat, retry_plan, upstream_headers)
+        attempt = await _send(runtime, chat, retry_plan, upstream)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
             attempt.reply.close()
@@ -106,15 +117,15 @@ async def chat_completions(request: Request) -> Response:
                 headers.append((b"x-gateway-upstream-truncated", str(reported).encode()))
         response = Response(body, status_code=attempt.reply.status)
         headers.append((b"content-length", str(len(body)).encode()))
-    metrics.CHAT_REQUESTS.labels(f"{attempt.reply.status // 100}xx").inc()
     response.raw_headers = headers
     return response
 
 
-async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, headers: list[tuple[str, str]]) -> Attempt:
+async def _send(runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstreaming) -> Attempt:
     """One upstream request (with transport retries); notes an overflow answer instead of relaying it."""
-    upstream = runtime.upstream
-    reply = await upstream.send("POST", upstream.url_for("/v1/chat/completions", ""), headers, plan.body)
+    reply = await runtime.upstream.send(
+        "POST", upstream.url, upstream.headers, plan.body, gateway_credentials=upstream.gateway_credentials
+    )
     # A count left running alongside the upstream is needed from here on (headers, retry budget).
     await plan.settle()
     if reply.attempts > 1:

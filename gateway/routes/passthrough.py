@@ -9,7 +9,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
-from gateway.proxy_headers import request_id_for, to_client, to_upstream
+from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.runtime import Runtime
 
 # Bodies up to this size are buffered so the request can be retried; larger ones stream.
@@ -18,13 +18,15 @@ RETRYABLE_BODY_LIMIT = 1024 * 1024
 
 async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    request_id = request_id_for(request.headers)
+    request_id: str = request.state.request_id
     body = await _request_body(request, runtime.settings.server.max_body_bytes)
+    api_key = runtime.settings.upstream.api_key
     reply = await runtime.upstream.send(
         request.method,
-        runtime.upstream.url_for(request.url.path, request.url.query),
-        to_upstream(request.headers, api_key=runtime.settings.upstream.api_key, request_id=request_id),
+        runtime.upstream.url_for(request.url.path, upstream_query(request.url.query, api_key=api_key)),
+        to_upstream(request.headers, api_key=api_key, request_id=request_id),
         body,
+        gateway_credentials=bool(api_key),
     )
     headers = to_client(reply.headers, request_id=request_id)
     if reply.content_length is not None:

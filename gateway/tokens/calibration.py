@@ -19,11 +19,16 @@ Answers for prompts under `MIN_REPORTED_TOKENS` are ignored: fixed per-request
 overhead (a provider's hidden system preamble) dominates their ratio.
 
 Exact (OpenAI) counters never apply a factor; see `counter.py`.
+
+Model names come from clients, so the state is bounded: the `MAX_MODELS` most recently used
+names are kept (an evicted model starts again from its family factor, or from the store), and
+every stored factor expires after `STORE_TTL_SECONDS` unless a later save refreshes it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,6 +40,8 @@ MIN_FACTOR: Final = 0.5
 MAX_FACTOR: Final = 2.0
 SMOOTHING: Final = 0.2
 MIN_REPORTED_TOKENS: Final = 64
+MAX_MODELS: Final = 2048
+STORE_TTL_SECONDS: Final = 30 * 24 * 3600
 
 
 def _clamp(factor: float) -> float:
@@ -54,8 +61,9 @@ class _State:
 class Calibration:
     """Process-wide factors per model name (as the client sends it)."""
 
-    def __init__(self) -> None:
-        self._states: dict[str, _State] = {}
+    def __init__(self, max_models: int = MAX_MODELS) -> None:
+        self._states: OrderedDict[str, _State] = OrderedDict()
+        self._max_models = max_models
 
     def factor(self, model: str) -> float:
         state = self._states.get(model)
@@ -65,9 +73,25 @@ class Calibration:
         state = self._states.get(model)
         return 0 if state is None else state.samples
 
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def _state(self, model: str) -> _State:
+        state = self._states.get(model)
+        if state is None:
+            state = self._states[model] = _State()
+            if len(self._states) > self._max_models:
+                self._states.popitem(last=False)
+        else:
+            self._states.move_to_end(model)
+        return state
+
     def observe(self, model: str, estimated: int, reported: int) -> float:
         """Learn from one answer; returns the model's updated factor."""
-        state = self._states.setdefault(model, _State())
+        state = self._state(model)
         if estimated <= 0 or reported < MIN_REPORTED_TOKENS:
             return state.factor
         target = _clamp(state.factor * reported / estimated)
@@ -87,10 +111,11 @@ class Calibration:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return
         if math.isfinite(factor) and samples >= 0:
-            self._states[model] = _State(_clamp(factor), samples)
+            state = self._state(model)
+            state.factor, state.samples = _clamp(factor), samples
 
     async def save(self, store: Store, model: str) -> None:
         state = self._states.get(model)
         if state is not None:
             value = orjson.dumps({"factor": state.factor, "samples": state.samples}).decode()
-            await store.set(store_key(model), value)
+            await store.set(store_key(model), value, ttl_seconds=STORE_TTL_SECONDS)

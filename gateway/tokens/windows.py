@@ -162,6 +162,10 @@ class WindowResolver:
         self.learned = LearnedWindows() if learned is None else learned
         self.model_map = ModelMap() if model_map is None else model_map
 
+    def known(self, model: str) -> bool:
+        """Named in the configuration or in litellm's map: a bounded set of names."""
+        return _first(self._overrides, model) is not None or self.model_map.get(model) is not None
+
     def resolve_window(self, model: str) -> ResolvedWindow:
         configured = _first(self._overrides, model)
         if configured is not None:

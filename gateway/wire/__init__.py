@@ -1,17 +1,13 @@
-"""Each wire format to and from what `gateway.compress` works on: a chat-shaped message list.
+"""Parse, validate and re-emit each wire format the gateway speaks.
 
-- `base.py`: `ChatView` (the chat-shaped messages, tool definitions and output
-  reserve of a request, for counting and fitting) and the `WireFormat` protocol;
-- `chat.py`: chat completions (the view is the body itself);
-- `anthropic.py`: Anthropic Messages (`system` + content blocks);
-- `responses.py`: OpenAI Responses (`instructions` + input items).
+- `chat.py`: validation of a chat-completions body, before anything else reads it;
+- `anthropic.py` / `anthropic_validation.py`: Anthropic Messages (`system` + content blocks);
+- `responses.py` / `responses_validation.py`: OpenAI Responses (`instructions` + input items);
+- `base.py`: `ChatView` — a request's prompt as `gateway.compress` works on it (chat-shaped
+  messages, tool definitions, output reserve) — the `WireFormat` protocol, and chat
+  completions' own (identity) format; `fitting.py`: fit a request of any format.
 
-A format's `emit` returns the request body with fitted messages written back
-in its own shape. Messages that compress/ left untouched (the very same
-objects) are written back from the original JSON, byte for byte once encoded,
-so nothing is lost on a round trip; changed ones keep every field they had.
+A format's `emit` returns the request body with fitted messages written back in its own
+shape. Messages that compress/ left untouched (the very same objects) are written back from
+the original JSON, so nothing is lost on a round trip; changed ones keep every field they had.
 """
-
-from gateway.wire.base import ChatView, WireFormat
-
-__all__ = ["ChatView", "WireFormat"]

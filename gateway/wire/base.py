@@ -44,3 +44,19 @@ class WireFormat(Protocol):
     def emit(
         self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]
     ) -> dict[str, Any]: ...
+
+
+class ChatCompletions:
+    """Chat completions: the view is the body itself."""
+
+    name = "chat"
+
+    def view(self, payload: Mapping[str, Any]) -> ChatView:
+        messages = payload.get("messages")
+        return ChatView(messages if isinstance(messages, list) else [], payload)
+
+    def emit(self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]) -> dict[str, Any]:
+        return {**payload, "messages": list(messages)}
+
+
+CHAT = ChatCompletions()

@@ -1,22 +1,244 @@
-"""Chat completions: the view is the body itself."""
+"""Validation of a chat-completions body before the gateway does any work on it.
+
+Everything the gateway reads (to count, fit, budget or relay) is checked here once, so that
+what follows can trust its shape: a malformed field answers 400 with OpenAI's wording and the
+field's path in ``param`` (``messages[3].content[1].type``), never a 500 from deep inside the
+counter or the compression engine — and never after the upstream was already called.
+
+Only fields the gateway interprets are held to a shape, and only as strictly as OpenAI's own
+API holds them (an OpenAI-compatible upstream accepts no less). Fields it merely forwards
+(``temperature``, vendor extensions, unknown message keys) are left to the upstream.
+
+Work is linear in the number of messages and content parts. Nesting is bounded twice: content
+blocks inside ``tool_result`` blocks (the one place the counter and the engine recurse into
+client structure) at `MAX_CONTENT_DEPTH`, and any value at `MAX_JSON_DEPTH`, the depth orjson
+can write back (a compressed body is re-serialized with it); the second check runs only when
+the body holds enough brackets to be that deep, which a byte count decides at C speed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
-from gateway.wire.base import ChatView, Message
+import orjson
+
+from gateway.errors import GatewayError
+
+VALID_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Longer than any real model id (Bedrock ARNs and Hugging Face paths stay under ~150).
+MAX_MODEL_NAME_CHARS: Final = 256
+# tool_result → content → tool_result …: Anthropic allows no nesting at all; 4 is generous.
+MAX_CONTENT_DEPTH: Final = 4
+# orjson refuses to write deeper structures; its reader accepts up to 1024.
+MAX_JSON_DEPTH: Final = 254
+
+_INTEGER_FIELDS: Final = ("max_tokens", "max_completion_tokens", "n")
+# Part types whose named field must be a string when present.
+_STRING_FIELDS: Final = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+    "redacted_thinking": "data",
+}
+_OBJECT_FIELDS: Final = {
+    "image_url": "image_url",
+    "input_audio": "input_audio",
+    "file": "file",
+    "image": "source",
+    "document": "source",
+}
 
 
-class ChatCompletions:
-    name = "chat"
+def validate_chat_body(payload: object, raw: bytes) -> None:
+    """Raise a 400 `GatewayError` naming the first malformed field of a chat-completions body."""
+    if not isinstance(payload, dict):
+        raise GatewayError(400, "The request body must be a JSON object.")
+    _model(payload.get("model"))
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        raise GatewayError(
+            400,
+            "'messages' is a required property and must be an array of messages."
+            if messages is None
+            else f"Invalid type for 'messages': expected an array, but got {json_type(messages)} instead.",
+            param="messages",
+        )
+    for index, message in enumerate(messages):
+        _message(message, f"messages[{index}]")
+    _optional(payload, "stream", bool, "a boolean")
+    _optional(payload, "stream_options", dict, "an object")
+    _optional(payload, "response_format", dict, "an object")
+    for name in _INTEGER_FIELDS:
+        value = payload.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise _invalid(name, value, "a non-negative integer")
+    for name in ("tools", "functions"):
+        definitions = payload.get(name)
+        if definitions is None:
+            continue
+        if not isinstance(definitions, list):
+            raise _invalid(name, definitions, "an array")
+        for index, definition in enumerate(definitions):
+            if not isinstance(definition, dict):
+                raise _invalid(f"{name}[{index}]", definition, "an object")
+    _depth(payload, raw)
 
-    def view(self, payload: Mapping[str, Any]) -> ChatView:
-        messages = payload.get("messages")
-        return ChatView(messages if isinstance(messages, list) else [], payload)
 
-    def emit(self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]) -> dict[str, Any]:
-        return {**payload, "messages": list(messages)}
+def json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int subclass in Python, not in JSON
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
 
 
-CHAT = ChatCompletions()
+def _invalid(param: str, value: object, expected: str) -> GatewayError:
+    return GatewayError(
+        400,
+        f"Invalid type for '{param}': expected {expected}, but got {json_type(value)} instead.",
+        param=param,
+    )
+
+
+def _optional(container: Mapping[str, Any], name: str, kind: type, expected: str, where: str = "") -> None:
+    value = container.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise _invalid(f"{where}{name}", value, expected)
+
+
+def _model(model: object) -> None:
+    if not isinstance(model, str) or not model:
+        raise GatewayError(400, "you must provide a model parameter", param="model")
+    if len(model) > MAX_MODEL_NAME_CHARS:
+        raise GatewayError(
+            400,
+            f"Invalid value for 'model': the name is {len(model)} characters long; "
+            f"the gateway accepts model names of at most {MAX_MODEL_NAME_CHARS}.",
+            param="model",
+        )
+    if not model.isprintable():
+        raise GatewayError(
+            400,
+            "Invalid value for 'model': control characters are not allowed in a model name.",
+            param="model",
+        )
+
+
+def _message(message: object, where: str) -> None:
+    if not isinstance(message, dict):
+        raise _invalid(where, message, "an object")
+    role = message.get("role")
+    if not isinstance(role, str) or role not in VALID_ROLES:
+        shown = repr(role)[:60] if isinstance(role, str) else json_type(role)
+        raise GatewayError(
+            400,
+            f"Invalid value for '{where}.role': {shown}. Supported values are: "
+            + ", ".join(f"'{r}'" for r in sorted(VALID_ROLES))
+            + ".",
+            param=f"{where}.role",
+        )
+    _content(message.get("content"), f"{where}.content", depth=0)
+    for name in ("name", "reasoning_content", "refusal"):
+        _optional(message, name, str, "a string", f"{where}.")
+    tool_call_id = message.get("tool_call_id")
+    if role == "tool" and not isinstance(tool_call_id, str):
+        raise _invalid(f"{where}.tool_call_id", tool_call_id, "a string")
+    _optional(message, "tool_call_id", str, "a string", f"{where}.")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise _invalid(f"{where}.tool_calls", calls, "an array")
+        for index, call in enumerate(calls):
+            _tool_call(call, f"{where}.tool_calls[{index}]")
+    function_call = message.get("function_call")
+    if function_call is not None:
+        _function(function_call, f"{where}.function_call")
+
+
+def _tool_call(call: object, where: str) -> None:
+    if not isinstance(call, dict):
+        raise _invalid(where, call, "an object")
+    if not isinstance(call.get("id"), str):
+        raise _invalid(f"{where}.id", call.get("id"), "a string")
+    _optional(call, "type", str, "a string", f"{where}.")
+    function = call.get("function")
+    if function is not None:
+        _function(function, f"{where}.function")
+
+
+def _function(function: object, where: str) -> None:
+    if not isinstance(function, dict):
+        raise _invalid(where, function, "an object")
+    _optional(function, "name", str, "a string", f"{where}.")
+    arguments = function.get("arguments")
+    # OpenAI sends arguments as a JSON string; some compatible servers accept the object itself.
+    if arguments is not None and not isinstance(arguments, str | dict):
+        raise _invalid(f"{where}.arguments", arguments, "a string")
+
+
+def _content(content: object, where: str, *, depth: int) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _invalid(where, content, "a string, an array of content parts, or null")
+    if depth > MAX_CONTENT_DEPTH:
+        raise GatewayError(
+            400,
+            f"Invalid value for '{where}': content blocks are nested more than "
+            f"{MAX_CONTENT_DEPTH} levels deep.",
+            param=where,
+        )
+    for index, part in enumerate(content):
+        _part(part, f"{where}[{index}]", depth)
+
+
+def _part(part: object, where: str, depth: int) -> None:
+    if not isinstance(part, dict):
+        raise _invalid(where, part, "an object")
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        raise _invalid(f"{where}.type", kind, "a string")
+    if kind in _STRING_FIELDS:
+        _optional(part, _STRING_FIELDS[kind], str, "a string", f"{where}.")
+    elif kind == "image_url":
+        image_url = part.get("image_url")
+        if not isinstance(image_url, dict | str):
+            raise _invalid(f"{where}.image_url", image_url, "an object")
+        if isinstance(image_url, dict):
+            _optional(image_url, "url", str, "a string", f"{where}.image_url.")
+            _optional(image_url, "detail", str, "a string", f"{where}.image_url.")
+    elif kind in _OBJECT_FIELDS:
+        _optional(part, _OBJECT_FIELDS[kind], dict, "an object", f"{where}.")
+    elif kind == "tool_use":
+        for name in ("id", "name"):
+            _optional(part, name, str, "a string", f"{where}.")
+    elif kind == "tool_result":
+        _optional(part, "tool_use_id", str, "a string", f"{where}.")
+        _content(part.get("content"), f"{where}.content", depth=depth + 1)
+
+
+def _depth(payload: dict[str, Any], raw: bytes) -> None:
+    """Refuse values nested deeper than orjson can write back.
+
+    A value that deep needs that many opening brackets; counting them is C-speed, so only
+    bodies with enough brackets pay for the exact check (a serialization).
+    """
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return
+    try:
+        orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        raise GatewayError(
+            400, f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.", param=None
+        ) from None

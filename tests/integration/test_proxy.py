@@ -345,4 +345,4 @@ def test_healthz_and_metrics(gateway_url: str) -> None:
     assert health.status_code == 200 and health.json()["status"] == "ok"
     httpx.post(f"{gateway_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES})
     metrics = httpx.get(f"{root}/metrics").text
-    assert 'gateway_chat_requests_total{status="2xx"}' in metrics
+    assert 'gateway_requests_total{route="chat_completions",status="2xx"}' in metrics

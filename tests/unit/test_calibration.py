@@ -157,3 +157,15 @@ async def test_stored_factor_is_clamped() -> None:
     calibration = Calibration()
     await calibration.load(store, "m")
     assert calibration.factor("m") == MAX_FACTOR
+
+
+def test_state_is_bounded_to_the_most_recent_models() -> None:
+    """Model names come from clients: a flood of invented names cannot grow memory."""
+    calibration = Calibration(max_models=3)
+    for name in ("a", "b", "c"):
+        calibration.observe(name, 1000, 1200)
+    calibration.observe("a", 1000, 1200)  # used again: now the most recent
+    calibration.observe("d", 1000, 1200)
+    assert len(calibration) == 3
+    assert calibration.samples("b") == 0 and calibration.factor("b") == 1.0  # evicted, oldest
+    assert calibration.samples("a") == 2 and calibration.samples("d") == 1

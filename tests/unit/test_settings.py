@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gateway.cli import main
+import gateway
+from gateway.cli import main, startup_line
 from gateway.settings import ConfigError, Settings, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "gateway.example.yaml"
@@ -116,3 +118,119 @@ def test_serve_with_bad_config_exits_cleanly(tmp_path: Path, capsys: pytest.Capt
 def test_missing_config_file_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--config", "/nonexistent/gateway.yaml"]) == 2
     assert "cannot read config file" in capsys.readouterr().err
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "upstream:\n  base_url: api.example.com/v1\n  nope: 1\n"
+        "server:\n  log_level: loud\n  port: 84536\n"
+        "redis_url: http://cache:6379\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, {"GATEWAY_UPSTREAM_BASEURL": "x", "GATEWAY_COMPRESSION_CUT_QUANTUM": "3"})
+    message = str(caught.value)
+    for fragment in (
+        "unknown config key upstream.nope",
+        "unknown environment variable GATEWAY_UPSTREAM_BASEURL (did you mean GATEWAY_UPSTREAM_BASE_URL?)",
+        "cut_quantum",
+    ):
+        assert fragment in message
+    # The checks that need a whole, well-typed config run once the structural problems are fixed.
+    config.write_text(
+        "upstream:\n  base_url: api.example.com/v1\nserver:\n  log_level: loud\n  port: 84536\n"
+        "redis_url: http://cache:6379\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, {})
+    assert len(caught.value.problems) == 4
+    message = str(caught.value)
+    assert "upstream.base_url must start with http:// or https:// (got 'api.example.com/v1')" in message
+    assert "server.log_level must be one of" in message and "'loud'" in message
+    assert "server.port must be between 1 and 65535, got 84536" in message
+    assert "redis_url must start with redis://" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"GATEWAY_UPSTREAM_BASE_URL": "ftp://files.example/v1"}, "must start with http:// or https://"),
+        ({"GATEWAY_UPSTREAM_BASE_URL": "http:///v1"}, "has no host"),
+        ({"GATEWAY_UPSTREAM_BASE_URL": "http://h:99999/v1"}, "invalid port"),
+        ({"GATEWAY_REDIS_URL": "redis://:pw@cache:6379/zero"}, "must be a number"),
+        ({"GATEWAY_REDIS_URL": "redis://"}, "has no host"),
+        ({"GATEWAY_SERVER_PORT": "0"}, "between 1 and 65535"),
+        ({"GATEWAY_SERVER_PORT": "80.5"}, "must be a number"),
+        ({"GATEWAY_SERVER_MAX_BODY_BYTES": "1e999"}, "must be a number"),
+        ({"GATEWAY_UPSTREAM_TIMEOUTS_IDLE": "nan"}, "finite"),
+        ({"GATEWAY_SERVER_ALLOW_UNAUTHENTICATED": "maybe"}, "true or false"),
+        ({"GATEWAY_MODEL": "{}"}, "did you mean GATEWAY_MODELS?"),
+    ],
+)
+def test_bad_values_name_key_and_value(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_settings(None, env)
+
+
+def test_errors_never_quote_url_credentials() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, {"GATEWAY_UPSTREAM_BASE_URL": "ftp://user:hunter2@h/v1"})
+    assert "hunter2" not in str(caught.value) and "ftp://h/v1" in str(caught.value)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gateway.internal"])
+def test_open_relay_is_refused_unless_meant(host: str) -> None:
+    env = {"GATEWAY_UPSTREAM_API_KEY": "sk-org", "GATEWAY_SERVER_HOST": host}
+    with pytest.raises(ConfigError, match="open relay"):
+        load_settings(None, env)
+    assert load_settings(None, {**env, "GATEWAY_SERVER_ALLOW_UNAUTHENTICATED": "true"}).server.host == host
+    # Without an upstream key every caller spends their own: nothing to protect.
+    assert load_settings(None, {"GATEWAY_SERVER_HOST": host}).server.host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.8.9.10"])
+def test_loopback_with_an_upstream_key_is_fine(host: str) -> None:
+    assert load_settings(None, {"GATEWAY_UPSTREAM_API_KEY": "sk-org", "GATEWAY_SERVER_HOST": host})
+
+
+def test_serve_refuses_open_relay_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GATEWAY_UPSTREAM_API_KEY", "sk-org-secret-1234")
+    assert main(["serve", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "open relay" in err and "server.allow_unauthenticated" in err
+    assert "sk-org-secret-1234" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("port", ["84536", "0", "http"])
+def test_serve_rejects_bad_port_argument(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", "--port", port])
+    assert caught.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"context-gateway {gateway.__version__}"
+
+
+def test_startup_line_names_what_is_in_use_without_secrets() -> None:
+    settings = load_settings(
+        None,
+        {
+            "GATEWAY_UPSTREAM_BASE_URL": "https://bob:pw-upstream@llm.internal/v1",
+            "GATEWAY_UPSTREAM_API_KEY": "sk-org-secret",
+            "GATEWAY_REDIS_URL": "redis://:pw-redis@cache:6379/2",
+        },
+    )
+    line = startup_line(settings, "/etc/gateway.yaml")
+    assert line.startswith(f"context-gateway {gateway.__version__}: config /etc/gateway.yaml")
+    assert "upstream https://llm.internal/v1 with the gateway's own key" in line
+    assert "store redis://cache:6379/2" in line and "listening on http://127.0.0.1:8080" in line
+    for secret in ("pw-upstream", "sk-org-secret", "pw-redis", "bob"):
+        assert secret not in line
+    assert "store memory" in startup_line(load_settings(None, {}), None)

@@ -1,0 +1,94 @@
+"""The outermost guard around every request: its id, its count, and a clean 500 for any bug.
+
+Starlette's own handler for unexpected exceptions answers, then re-raises: uvicorn then logs a
+full traceback (which may quote request data) and the client's keep-alive connection is left
+in a state where its next request is reset. Here an unexpected exception is logged as one line
+with the request id, answered as an OpenAI-shaped 500 with ``Connection: close``, and not raised
+further. Every answer — the gateway's own errors included — carries ``x-gateway-request-id``
+and is counted in ``gateway_requests_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import metrics
+from gateway.errors import GatewayError
+from gateway.log_safety import printable
+from gateway.proxy_headers import GATEWAY_REQUEST_ID, request_id_for
+
+log = logging.getLogger("gateway")
+
+_GATEWAY_REQUEST_ID = GATEWAY_REQUEST_ID.encode()
+# Route label values: a fixed set, whatever paths clients invent.
+_ROUTES = {"/v1/chat/completions": "chat_completions", "/healthz": "healthz", "/metrics": "metrics"}
+
+
+def route_label(path: str) -> str:
+    return _ROUTES.get(path) or ("passthrough" if path.startswith("/v1/") else "other")
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_for(Headers(scope=scope))
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = message.get("headers", [])
+                if not any(name == _GATEWAY_REQUEST_ID for name, _ in headers):
+                    headers = [*headers, (_GATEWAY_REQUEST_ID, request_id.encode("latin-1"))]
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # The client hung up while sending its body: nobody is left to answer.
+            log.info("client disconnected before its request body was read (request %s)", request_id)
+            status = 499
+        except Exception as exc:
+            log.error(
+                "unhandled %s on %s %s (request %s)",
+                type(exc).__name__,
+                scope["method"],
+                printable(scope["path"]),
+                request_id,
+            )
+            if status == 0:
+                await _answer_500(send, request_id)
+                status = 500
+            # Otherwise the answer had started: returning without finishing it makes uvicorn close
+            # the connection, so the client sees a broken transfer, not a complete-looking one.
+        finally:
+            metrics.REQUESTS.labels(route_label(scope["path"]), f"{status // 100}xx").inc()
+
+
+async def _answer_500(send: Send, request_id: str) -> None:
+    body = GatewayError(500, "The gateway failed to handle this request.", type="server_error").body()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 500,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                (_GATEWAY_REQUEST_ID, request_id.encode("latin-1")),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
