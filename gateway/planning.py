@@ -10,10 +10,11 @@ import orjson
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
-from gateway.compress import ContextBudgetExceeded, fit
+from gateway.compress import ContextBudgetExceeded
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
+from gateway.wire.fitting import fit_request
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -53,16 +54,15 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     """
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
+    counted = chat.view.counted
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
         if window.tokens is not None:
-            budget = runtime.settings.budget.usable(window.tokens, chat.payload)
+            budget = runtime.settings.budget.usable(window.tokens, counted)
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
-        return Plan(
-            chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, chat.payload))
-        )
-    tokens = await count_request_async(counter, chat.payload)
-    if tokens <= budget and chat.mode != "aggressive":
+        return Plan(chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, counted)))
+    tokens = await count_request_async(counter, counted)
+    if (tokens <= budget and chat.mode != "aggressive") or not fittable(chat):
         return Plan(chat.raw, budget, tokens, tokens)
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
         return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
@@ -74,17 +74,23 @@ def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
     return bound is not None and bound <= budget
 
 
+def fittable(chat: ChatRequest) -> bool:
+    """False for a request whose layout the gateway cannot fit without risking an orphan
+    (see gateway.wire.responses): it is forwarded as it is, and the upstream decides."""
+    return getattr(chat.view.state, "fittable", True) is not False
+
+
 def _fitted_plan(
     runtime: Runtime, chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int
 ) -> Plan:
-    messages = chat.messages
-    # Tool definitions, functions and response_format count against the budget but are never cut.
-    fixed = tokens - counter.messages(messages)
     try:
-        result = fit(
-            messages,
+        body, result, fixed = fit_request(
+            chat.wire,
+            chat.payload,
+            chat.view,
             model=chat.model,
-            budget_tokens=budget - fixed,
+            budget=budget,
+            tokens=tokens,
             options=runtime.settings.compression,
             aggressive=chat.mode == "aggressive",
         )
@@ -92,21 +98,20 @@ def _fitted_plan(
         metrics.REFUSALS.inc()
         raise GatewayError(
             400,
-            f"This request needs at least {exc.minimum + fixed} prompt tokens even after compression, "
-            f"but the model's usable budget is {budget} tokens (prompt was {tokens} tokens). "
+            f"This request needs at least {exc.minimum + tokens - exc.tokens} prompt tokens even after "
+            f"compression, but the model's usable budget is {budget} tokens (prompt was {tokens} tokens). "
             "Shorten the system prompt or the latest message.",
             param="messages",
             code="context_length_exceeded",
             headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},
         ) from None
-    if not result.stages:
+    if body is None:
         return Plan(chat.raw, budget, tokens, tokens)
     for stage in result.stages:
         metrics.COMPRESSIONS.labels(stage).inc()
     tokens_after = result.tokens_after + fixed
     metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - tokens_after))
-    body = orjson.dumps({**chat.payload, "messages": result.messages})
-    return Plan(body, budget, tokens, tokens_after, tuple(result.stages))
+    return Plan(orjson.dumps(body), budget, tokens, tokens_after, tuple(result.stages))
 
 
 def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int | None:
@@ -126,7 +131,7 @@ def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overf
         # The stated maximum covers the prompt alone: no room to reserve for the answer.
         budget = max(0, overflow.window - cfg.safety_margin)
     else:
-        budget = cfg.usable(overflow.window, chat.payload)
+        budget = cfg.usable(overflow.window, chat.view.counted)
     if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
         budget = budget * sent.tokens_after // overflow.prompt_tokens
     return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

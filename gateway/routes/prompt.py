@@ -1,0 +1,202 @@
+"""The flow every prompt route shares: plan → forward → overflow retry → relay → learn.
+
+Chat completions, Anthropic Messages and Responses differ only in what a `Dialect`
+holds: where the request goes and with which credentials, how a gateway error looks
+inside a stream, how a plan is made and retried after an overflow, and what a finished
+answer tells. Orchestration only: counting lives in gateway.tokens, fitting in
+gateway.compress (through gateway.wire), overflow recognition in gateway.overflow, the
+HTTP client in gateway.upstream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from yarl import URL
+
+from gateway import metrics
+from gateway.chat_request import ChatRequest
+from gateway.errors import GatewayError
+from gateway.overflow import Overflow, classify_overflow, classify_stream_error
+from gateway.planning import Plan, overflow_retry_budget, plan_request
+from gateway.proxy_headers import to_client
+from gateway.relay import (
+    ErrorEvent,
+    cancel_safely,
+    first_chunk,
+    prompt_tokens_from_json,
+    prompt_tokens_from_sse_tail,
+    relay_sse,
+    sse_error_event,
+)
+from gateway.runtime import Runtime
+from gateway.upstream import UpstreamReply
+
+
+@dataclass(frozen=True)
+class Upstreaming:
+    """Where and how every attempt of one request goes upstream."""
+
+    url: URL
+    headers: list[tuple[str, str]]
+    gateway_credentials: bool
+
+
+Planner = Callable[[Runtime, ChatRequest], Awaitable[Plan]]
+RetryPlanner = Callable[[Runtime, ChatRequest, Plan, Overflow], Awaitable[Plan | None]]
+
+
+async def plan_default(runtime: Runtime, chat: ChatRequest) -> Plan:
+    return await plan_request(runtime, chat)
+
+
+async def compressed_retry(
+    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow
+) -> Plan | None:
+    """The overflow retry of a prompt the gateway can fit: compress for what the upstream stated."""
+    budget = overflow_retry_budget(runtime, chat, sent, overflow)
+    return None if budget is None else await plan_request(runtime, chat, budget=budget)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one prompt route does its own way."""
+
+    upstream: Callable[[Runtime, Request, str], Upstreaming]
+    plan: Planner = plan_default
+    retry: RetryPlanner = compressed_retry
+    # An error inside a stream, in the API's own event shape.
+    error_event: ErrorEvent = sse_error_event
+    # Headers to add from a non-streamed 200's body; called on a finished stream's tail (for metrics).
+    inspect_body: Callable[[bytes], list[tuple[str, str]]] = field(default=lambda body: [])
+    inspect_stream: Callable[[bytes], None] = field(default=lambda tail: None)
+    # True once a stream's head shows more than the events every answer opens with: an overflow
+    # reported inside the stream (Responses: `response.failed`) comes after them.
+    head_complete: Callable[[bytes], bool] = field(default=lambda head: True)
+    param: str = "messages"
+
+
+@dataclass
+class Attempt:
+    plan: Plan
+    reply: UpstreamReply
+    overflow: Overflow | None = None
+    # For a stream: what was read to check for an in-stream error, and the rest of it.
+    stream_head: bytes = b""
+    stream_rest: AsyncGenerator[bytes, None] | None = None
+
+
+async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    started = time.perf_counter()
+    request_id: str = request.state.request_id
+    plan = await dialect.plan(runtime, chat)
+    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
+    upstream = dialect.upstream(runtime, request, request_id)
+
+    attempt = await _send(runtime, chat, plan, upstream, dialect)
+    retried = False
+    first_overflow = attempt.overflow
+    retry_plan = None
+    if first_overflow is not None and chat.mode != "off":
+        await runtime.learn_from_overflow(chat.model, first_overflow)
+        retry_plan = await dialect.retry(runtime, chat, plan, first_overflow)
+    if first_overflow is not None and retry_plan is not None:
+        retried = True
+        attempt.reply.close()
+        attempt = await _send(runtime, chat, retry_plan, upstream, dialect)
+        if attempt.overflow is not None:
+            metrics.OVERFLOW_RETRIES.labels("failed").inc()
+            attempt.reply.close()
+            raise GatewayError(
+                400,
+                "The upstream rejected the prompt as longer than the model's context window twice: "
+                f"first with {plan.tokens_after} tokens (as counted by the gateway), then after compressing "
+                f"to {retry_plan.tokens_after} tokens"
+                + (f" for a stated window of {first_overflow.window} tokens" if first_overflow.window else "")
+                + ".",
+                param=dialect.param,
+                code="context_length_exceeded",
+                headers=dict(gateway_headers(retry_plan, retried=True)),
+            )
+        metrics.OVERFLOW_RETRIES.labels("recovered").inc()
+
+    final_plan = attempt.plan
+    headers = to_client(
+        attempt.reply.headers, request_id=request_id, extra=gateway_headers(final_plan, retried=retried)
+    )
+    idle = runtime.settings.upstream.timeouts.idle
+    if attempt.stream_rest is not None:
+        head = attempt.stream_head
+
+        def learn(tail: bytes) -> None:
+            # Anthropic states the prompt's usage when the stream opens, the others when it ends.
+            reported = prompt_tokens_from_sse_tail(tail) or prompt_tokens_from_sse_tail(head)
+            runtime.observe_usage(chat.model, final_plan.tokens_after, reported)
+            dialect.inspect_stream(tail)
+
+        response: Response = StreamingResponse(
+            relay_sse(
+                head,
+                attempt.stream_rest,
+                idle_timeout=idle,
+                on_complete=learn,
+                error_event=dialect.error_event,
+            ),
+            status_code=attempt.reply.status,
+        )
+    else:
+        body = await attempt.reply.read(idle)
+        if attempt.reply.status == 200:
+            reported = prompt_tokens_from_json(body)
+            if runtime.observe_usage(chat.model, final_plan.tokens_after, reported):
+                headers.append((b"x-gateway-upstream-truncated", str(reported).encode()))
+            headers += [(name.encode(), value.encode()) for name, value in dialect.inspect_body(body)]
+        response = Response(body, status_code=attempt.reply.status)
+        headers.append((b"content-length", str(len(body)).encode()))
+    response.raw_headers = headers
+    return response
+
+
+async def _send(
+    runtime: Runtime, chat: ChatRequest, plan: Plan, upstream: Upstreaming, dialect: Dialect
+) -> Attempt:
+    """One upstream request (with transport retries); notes an overflow answer instead of relaying it."""
+    reply = await runtime.upstream.send(
+        "POST", upstream.url, upstream.headers, plan.body, gateway_credentials=upstream.gateway_credentials
+    )
+    # A count left running alongside the upstream is needed from here on (headers, retry budget).
+    await plan.settle()
+    if reply.attempts > 1:
+        metrics.UPSTREAM_RETRIES.inc(reply.attempts - 1)
+    attempt = Attempt(plan, reply)
+    idle = runtime.settings.upstream.timeouts.idle
+    if reply.status >= 400:
+        body = await reply.read(idle)
+        reply.buffered_body = body
+        attempt.overflow = classify_overflow(reply.status, body)
+    elif chat.stream and reply.status == 200 and reply.response is not None:
+        # Some servers (SGLang, the Responses API) answer 200 and put the overflow inside the stream.
+        head, rest = await first_chunk(reply, idle, dialect.head_complete)
+        attempt.stream_head = head
+        attempt.overflow = classify_stream_error(head)
+        if attempt.overflow is None:
+            attempt.stream_rest = rest
+        else:
+            await cancel_safely(rest)
+    return attempt
+
+
+def gateway_headers(plan: Plan, *, retried: bool) -> list[tuple[str, str]]:
+    headers = [
+        ("x-gateway-prompt-tokens-before", str(plan.tokens_before)),
+        ("x-gateway-prompt-tokens-after", str(plan.tokens_after)),
+        ("x-gateway-compression", ",".join(plan.stages) or "none"),
+    ]
+    if retried:
+        headers.append(("x-gateway-retry", "overflow"))
+    return headers
