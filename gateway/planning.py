@@ -36,6 +36,8 @@ class Plan:
     stages: tuple[str, ...] = ()
     # The exact count of a prompt already known to fit, running while the upstream works.
     counting: asyncio.Task[int] | None = None
+    # False when the upstream's usage will cover more than was counted (history it keeps itself).
+    calibrate: bool = True
 
     async def settle(self) -> None:
         """Wait for a count still running (the headers and calibration need it)."""

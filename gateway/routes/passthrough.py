@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from yarl import URL
 
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
@@ -18,13 +19,23 @@ RETRYABLE_BODY_LIMIT = 1024 * 1024
 
 async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
+    api_key = runtime.settings.upstream.api_key
+    url = runtime.upstream.url_for(request.url.path, upstream_query(request.url.query, api_key=api_key))
+    return await relay_unchanged(request, url, api_key=api_key)
+
+
+async def relay_unchanged(
+    request: Request, url: URL, *, api_key: str | None, key_header: str = "authorization"
+) -> Response:
+    """Send the request to ``url`` as it came (the configured key replacing client credentials)
+    and relay the answer as it comes."""
+    runtime: Runtime = request.app.state.runtime
     request_id: str = request.state.request_id
     body = await _request_body(request, runtime.settings.server.max_body_bytes)
-    api_key = runtime.settings.upstream.api_key
     reply = await runtime.upstream.send(
         request.method,
-        runtime.upstream.url_for(request.url.path, upstream_query(request.url.query, api_key=api_key)),
-        to_upstream(request.headers, api_key=api_key, request_id=request_id),
+        url,
+        to_upstream(request.headers, api_key=api_key, request_id=request_id, key_header=key_header),
         body,
         gateway_credentials=bool(api_key),
     )

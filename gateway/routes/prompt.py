@@ -46,11 +46,11 @@ class Upstreaming:
     gateway_credentials: bool
 
 
-Planner = Callable[[Runtime, ChatRequest], Awaitable[Plan]]
+Planner = Callable[[Runtime, ChatRequest, Upstreaming], Awaitable[Plan]]
 RetryPlanner = Callable[[Runtime, ChatRequest, Plan, Overflow], Awaitable[Plan | None]]
 
 
-async def plan_default(runtime: Runtime, chat: ChatRequest) -> Plan:
+async def plan_default(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -> Plan:
     return await plan_request(runtime, chat)
 
 
@@ -94,9 +94,9 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
     runtime: Runtime = request.app.state.runtime
     started = time.perf_counter()
     request_id: str = request.state.request_id
-    plan = await dialect.plan(runtime, chat)
-    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
     upstream = dialect.upstream(runtime, request, request_id)
+    plan = await dialect.plan(runtime, chat, upstream)
+    metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
 
     attempt = await _send(runtime, chat, plan, upstream, dialect)
     retried = False
@@ -135,8 +135,9 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
 
         def learn(tail: bytes) -> None:
             # Anthropic states the prompt's usage when the stream opens, the others when it ends.
-            reported = prompt_tokens_from_sse_tail(tail) or prompt_tokens_from_sse_tail(head)
-            runtime.observe_usage(chat.model, final_plan.tokens_after, reported)
+            if final_plan.calibrate:
+                reported = prompt_tokens_from_sse_tail(tail) or prompt_tokens_from_sse_tail(head)
+                runtime.observe_usage(chat.model, final_plan.tokens_after, reported)
             dialect.inspect_stream(tail)
 
         response: Response = StreamingResponse(
@@ -152,7 +153,7 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
     else:
         body = await attempt.reply.read(idle)
         if attempt.reply.status == 200:
-            reported = prompt_tokens_from_json(body)
+            reported = prompt_tokens_from_json(body) if final_plan.calibrate else None
             if runtime.observe_usage(chat.model, final_plan.tokens_after, reported):
                 headers.append((b"x-gateway-upstream-truncated", str(reported).encode()))
             headers += [(name.encode(), value.encode()) for name, value in dialect.inspect_body(body)]
