@@ -168,3 +168,81 @@ def test_unknown_model_is_forwarded_unfitted(
     assert answer.status_code == 200
     assert answer.headers["x-gateway-compression"] == "none"
     assert fake_upstream.received[-1].json["messages"] == messages
+
+
+def _big_tools(count: int) -> list[dict[str, object]]:
+    """Tool definitions an agent sends on every request: they count, and are never cut."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": f"Tool number {i}. " + "It reads, filters and reports project data. " * 30,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string", "description": "A path in the repository."}},
+                },
+            },
+        }
+        for i in range(count)
+    ]
+
+
+def test_tools_and_response_format_are_reserved_in_the_budget(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """The messages are fitted into what tools and the response schema leave: the strict upstream
+    (which counts them too) accepts the first attempt, no overflow retry needed."""
+    fake_upstream.window = WINDOW
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    tools = _big_tools(4)
+    schema = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "report",
+            "schema": {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(60)}},
+        },
+    }
+    body = {
+        "model": MODEL,
+        # Dropping turns lands close to the budget (coarser stages could hide a missing reserve).
+        "messages": _chat_turns(40),
+        "max_tokens": 500,
+        "tools": tools,
+        "response_format": schema,
+    }
+    answer = httpx.post(f"{url}/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert "x-gateway-retry" not in answer.headers
+    assert fake_upstream.hits["/v1/chat/completions"] == 1
+    sent = fake_upstream.received[-1].json
+    assert sent["tools"] == tools and sent["response_format"] == schema
+    # Tools and schema alone take a third of the budget: unreserved, the prompt would overflow.
+    assert answer.json()["usage"]["prompt_tokens"] + 500 <= WINDOW
+
+
+def _chat_turns(count: int) -> list[dict[str, object]]:
+    """Plain chat turns, each too short to truncate: only dropping turns can make room."""
+    messages: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
+    for i in range(count):
+        messages.append({"role": "user", "content": f"Question {i}: " + "tell me about the port. " * 12})
+        messages.append({"role": "assistant", "content": f"Answer {i}: " + "the port is busy today. " * 12})
+    messages.append({"role": "user", "content": LATEST})
+    return messages
+
+
+def test_aggressive_keeps_less_than_auto_when_auto_uses_its_room(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    budget = WINDOW - 500 - 256
+    messages = _chat_turns(40)
+    auto = _post(url, messages)
+    aggressive = _post(url, messages, **{"x-gateway-compression": "aggressive"})
+    assert auto.status_code == aggressive.status_code == 200
+    auto_after = int(auto.headers["x-gateway-prompt-tokens-after"])
+    aggressive_after = int(aggressive.headers["x-gateway-prompt-tokens-after"])
+    assert int(auto.headers["x-gateway-prompt-tokens-before"]) > budget
+    # Auto keeps what fits; aggressive asks for headroom below compression.aggressive_ratio.
+    assert 0.7 * budget < auto_after <= budget
+    assert aggressive_after <= 0.7 * budget

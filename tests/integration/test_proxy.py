@@ -346,3 +346,46 @@ def test_healthz_and_metrics(gateway_url: str) -> None:
     httpx.post(f"{gateway_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES})
     metrics = httpx.get(f"{root}/metrics").text
     assert 'gateway_requests_total{route="chat_completions",status="2xx"}' in metrics
+
+
+async def test_stream_is_relayed_while_the_upstream_is_still_generating(
+    fake_upstream: FakeUpstream, gateway_url: str
+) -> None:
+    """Every chunk goes on as it comes, not only the first: the client has its second content
+    chunk while the upstream still has seconds of answer left to send."""
+    fake_upstream.chunk_delay = 0.5
+    question = "one two three four five six seven eight"
+    async with httpx.AsyncClient(timeout=30) as client:
+        request = client.build_request(
+            "POST",
+            f"{gateway_url}/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": question}], "stream": True},
+        )
+        answer = await client.send(request, stream=True)
+        events = 0
+        async for line in answer.aiter_lines():
+            if line.startswith("data: {"):
+                events += 1
+                if events == 3:  # the role chunk, then two content chunks
+                    break
+        assert fake_upstream.active_streams == 1, "the upstream had already finished"
+        await answer.aclose()
+
+
+def test_no_key_logged_on_successful_requests(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not on the success path either, streamed or not, with the gateway's key or the caller's."""
+    caplog.set_level(logging.DEBUG)
+    upstream_key = "sk-upstream-org-key-never-logged-1"
+    fake_upstream.required_api_key = upstream_key
+    url = start_gateway(GATEWAY_UPSTREAM_API_KEY=upstream_key)
+    for stream in (False, True):
+        answer = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": "gpt-4o", "messages": MESSAGES, "stream": stream},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+        assert answer.status_code == 200
+        assert upstream_key not in answer.text
+    assert upstream_key not in caplog.text and KEY not in caplog.text
