@@ -256,7 +256,9 @@ async def measure(
         for stream in (False, True)
     }
     samples: dict[Cell, list[Sample]] = {}
-    connector = aiohttp.TCPConnector(limit=2 * max(CONCURRENCIES), limit_per_host=0)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive closes them: reusing one the
+    # server is closing fails the request (a race, not the target's fault).
+    connector = aiohttp.TCPConnector(limit=2 * max(CONCURRENCIES), limit_per_host=0, keepalive_timeout=4.0)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tokens = {

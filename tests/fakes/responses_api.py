@@ -46,12 +46,21 @@ TOKENS_PER_ITEM = 3
 IMAGE_TOKENS = 765
 
 
+# Stored responses kept at most (oldest forgotten first), so a long benchmark stays bounded.
+MAX_STORED = 1_000
+
+
 @dataclass
 class ResponsesState:
     """What the fake remembers between requests: stored responses and conversations (their items)."""
 
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def store(self, response_id: str, items: list[dict[str, Any]]) -> None:
+        self.responses[response_id] = items
+        if len(self.responses) > MAX_STORED:
+            del self.responses[next(iter(self.responses))]
 
 
 def _invalid(message: str, param: str | None, code: str | None = "invalid_value") -> Error:

@@ -239,10 +239,11 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
         else:
             message = responses_api.OVERFLOW_MESSAGE
             return _error(400, message, param="input", code="context_length_exceeded")
-    fake.responses_inputs.append(items)
+    if fake.log_requests:
+        fake.responses_inputs.append(items)
     output = responses_api.output_items(body, items, serial)
     if body.get("store", True) is not False:
-        fake.responses_state.responses[identity.id] = items + output
+        fake.responses_state.store(identity.id, items + output)
     conversation = body.get("conversation")
     if conversation is not None:
         key = str(conversation.get("id") if isinstance(conversation, dict) else conversation)
@@ -297,7 +298,8 @@ def messages(fake: FakeUpstream, call: Call) -> Reply:
             "anthropic", window=stated, prompt_tokens=prompt, completion_tokens=reserved
         )
         return _anthropic_error(400, "invalid_request_error", payload["error"]["message"])
-    fake.anthropic_inputs.append(body)
+    if fake.log_requests:
+        fake.anthropic_inputs.append(body)
     serial = fake.next_serial()
     blocks, stop_reason = anthropic_api.answer_blocks(body, serial)
     if window is not None and prompt + reserved > window:

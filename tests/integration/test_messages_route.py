@@ -192,3 +192,37 @@ def test_count_tokens_is_relayed(claude: anthropic.Anthropic, fake_upstream: Fak
     counted = claude.messages.count_tokens(model=MODEL, messages=[user("hello there")])
     assert counted.input_tokens == anthropic_api.count_input({"messages": [user("hello there")]})
     assert fake_upstream.requests_to("/v1/messages/count_tokens")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_claude_counts_calibrate_on_input_tokens(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, stream: bool
+) -> None:
+    """Claude is estimated, then corrected by every answer's usage.input_tokens (message_start when
+    streamed): the estimate converges on the upstream's own count."""
+    fake_upstream.window = 10_000_000
+    model = f"claude-test-{stream}"  # a fresh name: calibration is per model and process-wide
+    root = windowed(start_gateway)
+    errors = []
+    for turn in range(1, 26):
+        history: list[Any] = []
+        for n in range(turn):
+            history += [user(f"Question {n}: " + "revenue churn hiring, compared with last year. " * 4)]
+            history += [{"role": "assistant", "content": f"Answer {n}: figures went up."}]
+        history.append(user("Summarise."))
+        body = {
+            "model": model,
+            "max_tokens": 100,
+            "messages": history,
+            "system": "Be careful.",
+            "stream": stream,
+        }
+        answer = httpx.post(
+            f"{root}/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30
+        )
+        assert answer.status_code == 200
+        estimate = int(answer.headers["x-gateway-prompt-tokens-before"])
+        reported = anthropic_api.count_input(body)
+        errors.append(abs(estimate - reported) / reported)
+    assert errors[0] > 0.05  # the family factor alone starts off
+    assert max(errors[20:]) < 0.05
