@@ -12,7 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.wire.chat import check_content, check_depth, check_model, check_optional, invalid_type, json_type
+from gateway.wire.chat import (
+    check_content,
+    check_depth,
+    check_model,
+    check_object_array,
+    check_optional,
+    invalid_type,
+    json_type,
+)
 
 ROLES = ("user", "assistant")
 
@@ -45,13 +53,7 @@ def validate_messages_body(payload: object, raw: bytes) -> None:
         )
     for index, message in enumerate(messages):
         _message(message, f"messages[{index}]")
-    tools = payload.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise invalid_type("tools", tools, "an array")
-        for index, tool in enumerate(tools):
-            if not isinstance(tool, dict):
-                raise invalid_type(f"tools[{index}]", tool, "an object")
+    check_object_array(payload, "tools")
     check_depth(payload, raw)
 
 

@@ -79,14 +79,7 @@ def validate_chat_body(payload: object, raw: bytes) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise invalid_type(name, value, "a non-negative integer")
     for name in ("tools", "functions"):
-        definitions = payload.get(name)
-        if definitions is None:
-            continue
-        if not isinstance(definitions, list):
-            raise invalid_type(name, definitions, "an array")
-        for index, definition in enumerate(definitions):
-            if not isinstance(definition, dict):
-                raise invalid_type(f"{name}[{index}]", definition, "an object")
+        check_object_array(payload, name)
     check_depth(payload, raw)
 
 
@@ -120,6 +113,18 @@ def check_optional(
     value = container.get(name)
     if value is not None and not isinstance(value, kind):
         raise invalid_type(f"{where}{name}", value, expected)
+
+
+def check_object_array(payload: Mapping[str, Any], name: str) -> None:
+    """An optional field that must be an array of objects (tool definitions)."""
+    definitions = payload.get(name)
+    if definitions is None:
+        return
+    if not isinstance(definitions, list):
+        raise invalid_type(name, definitions, "an array")
+    for index, definition in enumerate(definitions):
+        if not isinstance(definition, dict):
+            raise invalid_type(f"{name}[{index}]", definition, "an object")
 
 
 def check_model(model: object) -> None:

@@ -13,7 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.wire.chat import check_content, check_depth, check_model, check_optional, invalid_type
+from gateway.wire.chat import (
+    check_content,
+    check_depth,
+    check_model,
+    check_object_array,
+    check_optional,
+    invalid_type,
+)
 
 ROLES = ("user", "assistant", "system", "developer")
 TRUNCATIONS = ("auto", "disabled")
@@ -60,13 +67,7 @@ def validate_responses_body(payload: object, raw: bytes) -> None:
             raise invalid_type("input", items, "a string or an array of input items")
         for index, item in enumerate(items):
             _item(item, f"input[{index}]")
-    tools = payload.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise invalid_type("tools", tools, "an array")
-        for index, tool in enumerate(tools):
-            if not isinstance(tool, dict):
-                raise invalid_type(f"tools[{index}]", tool, "an object")
+    check_object_array(payload, "tools")
     check_depth(payload, raw)
 
 

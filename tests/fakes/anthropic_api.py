@@ -28,6 +28,7 @@ import orjson
 
 from tests.fakes.answers import ECHO_CHARS, ECHO_PREFIX, TOOL_TRIGGER, Identity, split_text
 from tests.fakes.tokens import count_text
+from tests.fakes.validation import RESULT_WITHOUT_TOOL_USE, TOOL_USE_WITHOUT_RESULT
 
 Error = tuple[str, str]
 """(error type, message) of the first problem found."""
@@ -51,14 +52,6 @@ THINKING_FIRST = (
     "(preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
     "thinking blocks from previous turns. To avoid this requirement, disable `thinking`. Please consult "
     "our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
-)
-TOOL_USE_WITHOUT_RESULT = (
-    "messages.{index}: `tool_use` ids were found without `tool_result` blocks immediately after: {ids}. "
-    "Each `tool_use` block must have a corresponding `tool_result` block in the next message."
-)
-RESULT_WITHOUT_TOOL_USE = (
-    "messages.{index}.content.{block}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. "
-    "Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
 )
 NON_EMPTY = (
     "messages.{index}: all messages must have non-empty content except for the optional final "

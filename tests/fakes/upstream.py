@@ -214,14 +214,21 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
     return json_reply(200, answers.chat_completion(identity, answer=answer, usage=usage))
 
 
-def responses(fake: FakeUpstream, call: Call) -> Reply:
-    body = call.json
+def _responses_refusal(fake: FakeUpstream, body: object) -> Reply | None:
     if not isinstance(body, dict):
         return _error(400, errors.BAD_JSON)
     invalid = responses_api.validate(body, fake.responses_state)
-    if invalid is not None:
-        status, message, param, code = invalid
-        return _error(status, message, param=param, code=code)
+    if invalid is None:
+        return None
+    status, message, param, code = invalid
+    return _error(status, message, param=param, code=code)
+
+
+def responses(fake: FakeUpstream, call: Call) -> Reply:
+    body = call.json
+    refused = _responses_refusal(fake, body)
+    if refused is not None:
+        return refused
     new_items = responses_api.as_items(body.get("input"))
     items = responses_api.history(body, fake.responses_state) + new_items
     prompt = responses_api.count_input(body.get("instructions"), items, body.get("tools"))
@@ -258,12 +265,9 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
 
 def responses_input_tokens(fake: FakeUpstream, call: Call) -> Reply:
     body = call.json
-    if not isinstance(body, dict):
-        return _error(400, errors.BAD_JSON)
-    invalid = responses_api.validate(body, fake.responses_state)
-    if invalid is not None:
-        status, message, param, code = invalid
-        return _error(status, message, param=param, code=code)
+    refused = _responses_refusal(fake, body)
+    if refused is not None:
+        return refused
     items = responses_api.history(body, fake.responses_state) + responses_api.as_items(body.get("input"))
     tokens = responses_api.count_input(body.get("instructions"), items, body.get("tools"))
     return json_reply(200, {"object": "response.input_tokens", "input_tokens": tokens})
