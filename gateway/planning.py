@@ -103,7 +103,7 @@ def _fitted_plan(
             f"This request needs at least {exc.minimum + tokens - exc.tokens} prompt tokens even after "
             f"compression, but the model's usable budget is {budget} tokens (prompt was {tokens} tokens). "
             "Shorten the system prompt or the latest message.",
-            param="messages",
+            param=chat.wire.prompt_field,
             code="context_length_exceeded",
             headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},
         ) from None

@@ -77,7 +77,6 @@ class Dialect:
     # True once a stream's head shows more than the events every answer opens with: an overflow
     # reported inside the stream (Responses: `response.failed`) comes after them.
     head_complete: Callable[[bytes], bool] = field(default=lambda head: True)
-    param: str = "messages"
 
 
 @dataclass
@@ -119,7 +118,7 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
                 f"to {retry_plan.tokens_after} tokens"
                 + (f" for a stated window of {first_overflow.window} tokens" if first_overflow.window else "")
                 + ".",
-                param=dialect.param,
+                param=chat.wire.prompt_field,
                 code="context_length_exceeded",
                 headers=dict(gateway_headers(retry_plan, retried=True)),
             )

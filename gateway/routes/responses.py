@@ -141,7 +141,6 @@ RESPONSES_API = Dialect(
     retry=_retry,
     error_event=_error_event,
     head_complete=_past_preamble,
-    param="input",
 )
 
 

@@ -22,6 +22,7 @@ from gateway.wire.base import ChatView, Message, counted_body
 
 class AnthropicMessages:
     name = "anthropic"
+    prompt_field = "messages"
 
     def view(self, payload: Mapping[str, Any]) -> ChatView:
         messages = payload.get("messages")

@@ -38,6 +38,7 @@ class WireFormat(Protocol):
     """One wire format: its chat view and the body with fitted messages written back."""
 
     name: str
+    prompt_field: str  # the body field holding the conversation, named in errors about it
 
     def view(self, payload: Mapping[str, Any]) -> ChatView: ...
 
@@ -50,6 +51,7 @@ class ChatCompletions:
     """Chat completions: the view is the body itself."""
 
     name = "chat"
+    prompt_field = "messages"
 
     def view(self, payload: Mapping[str, Any]) -> ChatView:
         messages = payload.get("messages")

@@ -60,6 +60,7 @@ def _user_side(item: object) -> bool:
 
 class ResponsesInput:
     name = "responses"
+    prompt_field = "input"
 
     def view(self, payload: Mapping[str, Any]) -> ChatView:
         raw = payload.get("input")

@@ -226,3 +226,25 @@ def test_claude_counts_calibrate_on_input_tokens(
         errors.append(abs(estimate - reported) / reported)
     assert errors[0] > 0.05  # the family factor alone starts off
     assert max(errors[20:]) < 0.05
+
+
+def test_broken_stream_ends_with_an_anthropic_error_event(
+    claude: anthropic.Anthropic, gateway_root: str
+) -> None:
+    """An upstream that drops the stream midway: Anthropic's error event ends it, and the SDK raises."""
+    body = {"model": MODEL, "max_tokens": 64, "stream": True, "messages": [user("hello there, how are you")]}
+    headers = {"anthropic-version": "2023-06-01", "x-fake-fault": "half_stream"}
+    answer = httpx.post(f"{gateway_root}/v1/messages", json=body, headers=headers, timeout=30)
+    last = answer.text.rstrip("\n").split("\n\n")[-1]
+    assert last.startswith("event: error\ndata: ")
+    assert orjson.loads(last.split("data: ", 1)[1])["error"]["type"] == "api_error"
+    with (
+        pytest.raises(anthropic.APIStatusError),
+        claude.messages.stream(
+            model=MODEL,
+            max_tokens=64,
+            messages=[user("hello")],
+            extra_headers={"x-fake-fault": "half_stream"},
+        ) as stream,
+    ):
+        stream.get_final_message()

@@ -180,3 +180,22 @@ def test_gateway_errors_name_the_field(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as truncation:
         sdk.responses.create(model=MODEL, input="x", truncation="sometimes")  # type: ignore[arg-type]
     assert truncation.value.param == "truncation"
+
+
+def test_broken_stream_ends_with_a_responses_error_event(sdk: openai.OpenAI) -> None:
+    """An upstream that drops the stream midway: it ends with the Responses API's own `error` event."""
+    events = list(
+        sdk.responses.create(
+            model=MODEL, input="hello", stream=True, extra_headers={"x-fake-fault": "half_stream"}
+        )
+    )
+    assert events[-1].type == "error" and events[-1].code == "upstream_broken"  # type: ignore[union-attr]
+    answer = httpx.post(
+        str(sdk.base_url) + "responses",
+        json={"model": MODEL, "input": "hello there", "stream": True},
+        headers={"x-fake-fault": "half_stream"},
+        timeout=30,
+    )
+    last = answer.text.rstrip("\n").split("\n\n")[-1]
+    assert last.startswith("event: error\ndata: ")
+    assert orjson.loads(last.split("data: ", 1)[1])["code"] == "upstream_broken"
