@@ -231,7 +231,12 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
         return refused
     new_items = responses_api.as_items(body.get("input"))
     items = responses_api.history(body, fake.responses_state) + new_items
-    prompt = responses_api.count_input(body.get("instructions"), items, body.get("tools"))
+    exact = fake.window is not None or call.fault is Fault.OVERFLOW
+    prompt = (
+        responses_api.count_input(body.get("instructions"), items, body.get("tools"))
+        if exact
+        else estimate(call.body)
+    )
     reserved = body.get("max_output_tokens") if isinstance(body.get("max_output_tokens"), int) else 0
     serial = fake.next_serial()
     identity = answers.Identity(f"resp_fake_{serial}", CREATED_BASE + serial, str(body["model"]))
@@ -255,7 +260,8 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
     if conversation is not None:
         key = str(conversation.get("id") if isinstance(conversation, dict) else conversation)
         fake.responses_state.conversations[key] = items + output
-    usage = answers.Usage(prompt, count_text(responses_api.spoken(output)))
+    spoken = responses_api.spoken(output)
+    usage = answers.Usage(prompt, count_text(spoken) if exact else estimate(spoken))
     if body.get("stream") is True:
         return sse_reply(responses_api.events(identity, body, output, usage))
     return json_reply(
@@ -290,7 +296,8 @@ def messages(fake: FakeUpstream, call: Call) -> Reply:
     refused = _anthropic_invalid(body, count_only=False)
     if refused is not None:
         return refused
-    prompt = anthropic_api.count_input(body)
+    exact = fake.window is not None or call.fault is Fault.OVERFLOW
+    prompt = anthropic_api.count_input(body) if exact else estimate(call.body)
     reserved = body["max_tokens"]
     window = fake.window
     beta = call.headers.get("anthropic-beta", "")
@@ -308,7 +315,8 @@ def messages(fake: FakeUpstream, call: Call) -> Reply:
     blocks, stop_reason = anthropic_api.answer_blocks(body, serial)
     if window is not None and prompt + reserved > window:
         stop_reason = "model_context_window_exceeded"
-    tokens = anthropic_api.usage(prompt, count_text(anthropic_api.spoken(blocks)))
+    spoken = anthropic_api.spoken(blocks)
+    tokens = anthropic_api.usage(prompt, count_text(spoken) if exact else estimate(spoken))
     identity = answers.Identity(f"msg_fake_{serial}", CREATED_BASE + serial, str(body["model"]))
     if body.get("stream") is True:
         return sse_reply(anthropic_api.events(identity, blocks, stop_reason, tokens))
