@@ -64,7 +64,7 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
         return Plan(chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, counted)))
     tokens = await count_request_async(counter, counted)
-    if (tokens <= budget and chat.mode != "aggressive") or not fittable(chat):
+    if (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
         return Plan(chat.raw, budget, tokens, tokens)
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
         return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
@@ -74,12 +74,6 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
 def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
     bound = counter.byte_upper_bound(raw)
     return bound is not None and bound <= budget
-
-
-def fittable(chat: ChatRequest) -> bool:
-    """False for a request whose layout the gateway cannot fit without risking an orphan
-    (see gateway.wire.responses): it is forwarded as it is, and the upstream decides."""
-    return getattr(chat.view.state, "fittable", True) is not False
 
 
 def _fitted_plan(

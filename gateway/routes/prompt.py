@@ -58,6 +58,8 @@ async def compressed_retry(
     runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow
 ) -> Plan | None:
     """The overflow retry of a prompt the gateway can fit: compress for what the upstream stated."""
+    if not chat.view.fittable:  # it would go out unchanged and overflow again
+        return None
     budget = overflow_retry_budget(runtime, chat, sent, overflow)
     return None if budget is None else await plan_request(runtime, chat, budget=budget)
 

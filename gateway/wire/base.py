@@ -17,12 +17,14 @@ class ChatView:
     `counted` is a chat-completions body with the same prompt tokens and
     output reserve (messages, tool definitions, `max_tokens`), for the
     counter and the budget. `state` is whatever the format needs to write
-    fitted messages back.
+    fitted messages back. `fittable` is False when the request is laid out
+    so that fitting it could orphan a pair: it is then forwarded as it is.
     """
 
     messages: list[Message]
     counted: Mapping[str, Any]
     state: Any = field(default=None, compare=False)
+    fittable: bool = True
 
 
 def counted_body(messages: list[Message], tools: object, max_tokens: object) -> dict[str, Any]:

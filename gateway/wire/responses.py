@@ -77,7 +77,7 @@ class ResponsesInput:
         chat: list[Message] = [{"role": "system", "content": instructions}] if has_instructions else []
         chat += self._messages(layout)
         counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"))
-        return ChatView(chat, counted, layout)
+        return ChatView(chat, counted, layout, layout.fittable)
 
     def _messages(self, layout: _Layout) -> list[Message]:
         items = layout.items

@@ -302,4 +302,4 @@ def test_responses_unpaired_layout_is_left_alone() -> None:
         {"role": "user", "content": "b"},
     ]
     view = RESPONSES.view({"model": GPT, "input": items})
-    assert not view.state.fittable
+    assert not view.fittable
