@@ -199,3 +199,19 @@ def test_broken_stream_ends_with_a_responses_error_event(sdk: openai.OpenAI) -> 
     last = answer.text.rstrip("\n").split("\n\n")[-1]
     assert last.startswith("event: error\ndata: ")
     assert orjson.loads(last.split("data: ", 1)[1])["code"] == "upstream_broken"
+
+
+def test_unfittable_layout_is_forwarded_unchanged(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:
+    """A call answered only after a later user message cannot be fitted pair-safe: sent as it is, once."""
+    items: Any = [
+        {"role": "user", "content": "start"},
+        {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},
+        {"role": "user", "content": log_line(1) + log_line(2) + log_line(4) + log_line(5)},
+        {"type": "function_call_output", "call_id": "c1", "output": log_line(3)},
+        {"role": "user", "content": "go on"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model=MODEL, input=items)
+    assert refused.value.code == "context_length_exceeded"  # the upstream's own answer, relayed
+    sent = fake_upstream.requests_to("/v1/responses")
+    assert len(sent) == 1 and sent[0].json["input"] == items
