@@ -143,15 +143,29 @@ def test_configured_key_replaces_every_client_credential(
     assert received["x-api-key"] == "sk-ant-org" and "authorization" not in received
 
 
-def test_overflow_recovery(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
-    """Gateway believes 20k, the upstream has 3k: its 400 teaches, a fitted retry answers."""
+@pytest.mark.parametrize(
+    ("turns", "max_tokens", "wording"),
+    [(9, 200, "prompt is too long"), (3, 1_500, "input length and `max_tokens` exceed context limit")],
+)
+def test_overflow_recovery(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, turns: int, max_tokens: int, wording: str
+) -> None:
+    """Gateway believes 20k, the upstream has 3k: either of its 400s teaches, a fitted retry answers."""
     fake_upstream.window = WINDOW
     root = windowed(start_gateway, window=20_000)
-    history = [user(log_line(n)) if n % 2 == 0 else {"role": "assistant", "content": "ok"} for n in range(9)]
+    history = [
+        user(log_line(n)) if n % 2 == 0 else {"role": "assistant", "content": "ok"} for n in range(turns)
+    ]
+    probe = httpx.post(
+        fake_upstream.base_url + "/messages",
+        json={"model": MODEL, "max_tokens": max_tokens, "messages": history},
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert wording in probe.json()["error"]["message"]  # the answer the gateway will meet
     with anthropic.Anthropic(base_url=root, api_key="k", max_retries=0) as client:
-        raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=200, messages=history)
+        raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=max_tokens, messages=history)
     assert raw.headers["x-gateway-retry"] == "overflow"
-    assert raw.parse().content[0].text.startswith("echo: line 0 of step 8")  # type: ignore[union-attr]
+    assert raw.parse().content[0].text.startswith(f"echo: line 0 of step {turns - 1}")  # type: ignore[union-attr]
     first, retried = fake_upstream.requests_to("/v1/messages")[-2:]
     assert len(retried.body) < len(first.body)
 
