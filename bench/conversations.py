@@ -263,3 +263,97 @@ def growing(seed: int, turns: int = 60, agent_loop: bool = False) -> list[list[M
 def huge(seed: int, tokens: int) -> list[Message]:
     """An agent conversation of about `tokens` tokens."""
     return conversation("agent", seed, turns=max(2, tokens // 33_000)).messages
+
+
+def grep_hits(rng: random.Random, tokens: int, fact: str | None) -> str:
+    lines: list[str] = []
+    while len(lines) * 18 < tokens:
+        path = f"src/{rng.choice(NOUNS)}/{rng.choice(VERBS).rstrip('s')}_{rng.choice(NOUNS)}.py"
+        lines.append(
+            f"{path}:{rng.randrange(1, 900)}:    self.{rng.choice(NOUNS)} = {rng.choice(ADJS)}_value"
+        )
+    if fact is not None:
+        lines.insert(len(lines) // 2, f"src/ops/keys.py:12:ROTATION_ID = '{fact}'")
+    return "\n".join(lines)
+
+
+LOOP_TOOLS = {"read_file": code_file, "run_tests": test_log, "grep": grep_hits, "http_get": json_answer}
+
+
+@dataclass(frozen=True)
+class AgentLoop:
+    """One user task answered by many tool steps, in one wire format."""
+
+    name: str
+    messages: list[Message]
+    task: str  # a code in the latest user message
+    step_starts: list[int]  # index of each step's assistant message
+    call_ids: list[str]  # every tool call of the loop, in order
+
+
+def _step_size(rng: random.Random) -> int:
+    """Tool output sizes of a working agent: mostly small, sometimes a whole file or log."""
+    return int(min(12_000, max(40, rng.lognormvariate(6.3, 1.1))))
+
+
+def agent_loop(seed: int, steps: int, style: str, prior_turns: int = 0) -> AgentLoop:
+    """A task followed by `steps` tool steps (about 1–2k tokens each), after `prior_turns` chat turns."""
+    rng = random.Random(f"loop-{style}-{seed}-{steps}")
+    messages: list[Message] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools. " + prose(rng, 200)}
+    ]
+    for turn in range(prior_turns):
+        messages.append({"role": "user", "content": prose(rng, rng.randint(30, 200))})
+        messages += _tool_round(rng, style, turn, None, 0.2)
+        messages.append({"role": "assistant", "content": prose(rng, rng.randint(80, 400))})
+    task = _code(rng, "TASK")
+    text = f"Task {task}: {sentence(rng)} {prose(rng, rng.randint(40, 300))}"
+    messages.append(
+        {"role": "user", "content": [{"type": "text", "text": text}] if style == "anthropic" else text}
+    )
+    starts: list[int] = []
+    ids: list[str] = []
+    for step in range(steps):
+        starts.append(len(messages))
+        calls = []
+        for k in range(rng.choice([1, 1, 1, 1, 2, 3])):
+            tool = rng.choice(list(LOOP_TOOLS))
+            call_id = f"call_{seed}_{step}_{k}_{rng.randrange(10**6)}"
+            output = LOOP_TOOLS[tool](rng, _step_size(rng), None)
+            calls.append((call_id, tool, f"[{call_id}]\n{output}"))
+            ids.append(call_id)
+        note = sentence(rng) if rng.random() < 0.4 else None
+        arguments = {"path": f"src/{rng.choice(NOUNS)}.py", "query": rng.choice(NOUNS)}
+        if style == "anthropic":
+            blocks: list[Message] = [{"type": "text", "text": note}] if note else []
+            if rng.random() < 0.3:
+                blocks.insert(
+                    0, {"type": "thinking", "thinking": prose(rng, rng.randint(50, 400)), "signature": "s"}
+                )
+            blocks += [{"type": "tool_use", "id": i, "name": t, "input": arguments} for i, t, _ in calls]
+            results = [{"type": "tool_result", "tool_use_id": i, "content": out} for i, _, out in calls]
+            messages += [{"role": "assistant", "content": blocks}, {"role": "user", "content": results}]
+        else:
+            assistant: Message = {
+                "role": "assistant",
+                "content": note,
+                "tool_calls": [
+                    {
+                        "id": i,
+                        "type": "function",
+                        "function": {"name": t, "arguments": orjson.dumps(arguments).decode()},
+                    }
+                    for i, t, _ in calls
+                ],
+            }
+            messages += [
+                assistant,
+                *({"role": "tool", "tool_call_id": i, "content": out} for i, _, out in calls),
+            ]
+    return AgentLoop(f"loop-{style}-{steps}", messages, task, starts, ids)
+
+
+def loop_requests(loop: AgentLoop) -> list[list[Message]]:
+    """The requests an agent sends: after its task, then after every step's results."""
+    ends = [*loop.step_starts[1:], len(loop.messages)]
+    return [loop.messages[: loop.step_starts[0]]] + [loop.messages[:end] for end in ends]

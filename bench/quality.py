@@ -1,25 +1,35 @@
 """Compression quality benchmark: context-gateway's `fit` against three baselines.
 
-    python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000] [--agent-loop] [--only-shapes]
+    python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000] [--agent-loop]
+                            [--only-loops] [--loop-steps 25,60,160] [--option KEY=VALUE ...] [--only-shapes]
 
 For budgets of 1/1.5, 1/3 and 1/10 of each generated conversation's size it
 prints, per method: fits %, strict-API-valid % (tests/fakes/validation.py),
-survival % of each canary kind, tokens kept %, median and p99 time per fit
-(token-count cache cleared before each call, so every method counts cold),
-and prefix stability over a growing agent conversation (share of turn N's
-compressed prompt, in tokens, that is an identical message prefix of turn
-N+1's). With --agent-loop a last column gives the same stability when the
-client also sends the requests an agent makes within a turn, after each
+survival % of each canary kind, tokens kept %, budget use (median of
+tokens after / budget), median and p99 time per fit (token-count cache
+cleared before each call, so every method counts cold), and prefix
+stability over a growing agent conversation (share of turn N's compressed
+prompt, in tokens, that is an identical message prefix of turn N+1's).
+With --agent-loop a last column gives the same stability when the client
+also sends the requests an agent makes within a turn, after each
 round of tool results (~3.5x the requests; the latest turn then holds tool
 results at full size, which become old and compressed at the next turn).
+Then agent loops (one task answered by 25, 60 and 160 tool steps of varied
+tools and sizes, both wire formats, half of them after three earlier turns) at
+1/1.5, 1/3 and 1/6 of their size: fits, strict-valid, task message intact,
+newest result intact, share of the three newest intact (median), share of
+tool calls still present (as calls), budget use, refusals, and prefix
+stability over growing loops that send a request after every step; against
+keep-newest and progressive-cap. `--option KEY=VALUE` runs context-gateway
+with another compression setting (as in config/gateway.example.yaml), to
+weigh budget use against cache stability.
+Then the gateway on the same conversations written in each API's own shape
+(bench/native_shapes.py): chat completions, Anthropic Messages and OpenAI
+Responses, fitted through gateway.wire, validated by the fake upstream's
+strict validator of that API; the native shapes should score as chat does.
+--only-shapes prints that table alone.
 It ends with the time to fit a ~1M-token conversation into 128k against the
 time to merely count it once.
-
-A second table runs the gateway on the same conversations written in each
-API's own shape (bench/native_shapes.py): chat completions, Anthropic
-Messages and OpenAI Responses, fitted through gateway.wire, validated by the
-fake upstream's strict validator of that API; the native shapes should score
-as chat does. --only-shapes prints that table alone.
 
 Baselines, implemented here:
   keep-newest      system messages + the newest messages that fit
@@ -37,14 +47,26 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import orjson
 
 import gateway  # noqa: F401  (offline tiktoken)
-from bench.conversations import KINDS, Conversation, Message, conversation, growing, huge
+from bench.conversations import (
+    KINDS,
+    AgentLoop,
+    Conversation,
+    Message,
+    agent_loop,
+    conversation,
+    growing,
+    huge,
+    loop_requests,
+)
 from bench.native_shapes import to_anthropic, to_responses
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
 from gateway.wire.anthropic import ANTHROPIC
 from gateway.wire.base import CHAT, WireFormat
@@ -56,12 +78,18 @@ from tests.fakes.validation import validate_chat_messages
 MODEL = "gpt-4o"
 COUNTER = counter_for(MODEL)
 RATIOS = (1.5, 3.0, 10.0)
+LOOP_RATIOS = (1.5, 3.0, 6.0)
+LOOP_METHODS = ("context-gateway", "keep-newest", "progressive-cap")
 CONVERSATION_KINDS = ("agent", "support", "bilingual", "multimodal", "reasoning")
 Method = Callable[[list[Message], int], list[Message]]
 
 
-def gateway_fit(messages: list[Message], budget: int) -> list[Message]:
-    return list(fit(messages, model=MODEL, budget_tokens=budget).messages)
+def gateway_fit(
+    messages: list[Message],
+    budget: int,
+    options: CompressionOptions = CompressionOptions(),  # noqa: B008 - frozen, safe to share
+) -> list[Message]:
+    return list(fit(messages, model=MODEL, budget_tokens=budget, options=options).messages)
 
 
 def keep_newest(messages: list[Message], budget: int) -> list[Message]:
@@ -175,7 +203,7 @@ def stability(method: Method, requests: list[list[Message]], budget: int) -> flo
 
 
 def evaluate(method: Method, conversations: list[Conversation], ratio: float) -> dict[str, float]:
-    rows: dict[str, list[float]] = {key: [] for key in ("fits", "valid", "kept", "time", *KINDS)}
+    rows: dict[str, list[float]] = {key: [] for key in ("fits", "valid", "kept", "time", "use", *KINDS)}
     for conv in conversations:
         size = COUNTER.messages(conv.messages)
         budget = int(size / ratio)
@@ -185,14 +213,129 @@ def evaluate(method: Method, conversations: list[Conversation], ratio: float) ->
         rows["fits"].append(float(fits))
         rows["valid"].append(float(out is not None and validate_chat_messages(out) is None))
         rows["kept"].append(COUNTER.messages(out) / size if out else 0.0)
+        if fits and out is not None:
+            rows["use"].append(COUNTER.messages(out) / budget)
         dumped = orjson.dumps(out).decode() if out else ""
         for kind in KINDS:
             rows[kind].append(float(fits and conv.canaries[kind] in dumped))
-    result = {key: 100 * statistics.fmean(values) for key, values in rows.items() if key != "time"}
+    result = {
+        key: 100 * statistics.fmean(values) for key, values in rows.items() if key not in ("time", "use")
+    }
+    result["use"] = statistics.median(rows["use"]) if rows["use"] else 0.0
     times = sorted(rows["time"])
     result["p50_ms"] = 1000 * statistics.median(times)
     result["p99_ms"] = 1000 * times[min(len(times) - 1, int(0.99 * len(times)))]
     return result
+
+
+def _results(messages: list[Message]) -> set[str]:
+    """Every tool result text of a prompt, in either wire format."""
+    texts: set[str] = set()
+    for message in messages:
+        if message.get("role") == "tool" and isinstance(message.get("content"), str):
+            texts.add(message["content"])
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, list):
+            texts |= {
+                p["content"]
+                for p in content
+                if p.get("type") == "tool_result" and isinstance(p.get("content"), str)
+            }
+    return texts
+
+
+def _calls(messages: list[Message]) -> set[str]:
+    ids = {call["id"] for m in messages for call in m.get("tool_calls") or ()}
+    for message in messages:
+        if message.get("role") == "assistant" and isinstance(message.get("content"), list):
+            ids |= {p["id"] for p in message["content"] if p.get("type") == "tool_use"}
+    return ids
+
+
+def _step_results(loop: AgentLoop, step: int) -> set[str]:
+    ends = [*loop.step_starts[1:], len(loop.messages)]
+    return _results(loop.messages[loop.step_starts[step] : ends[step]])
+
+
+def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict[str, float]:
+    """Per loop, its last request at a budget of its size / ratio; shares in %, budget use as a ratio."""
+    rows: dict[str, list[float]] = {
+        key: [] for key in ("fits", "valid", "task", "newest", "three", "calls", "use", "refused")
+    }
+    for loop in loops:
+        budget = int(COUNTER.messages(loop.messages) / ratio)
+        out, _ = timed(method, loop.messages, budget)
+        rows["refused"].append(float(out is None))
+        out = out or []
+        fits = bool(out) and COUNTER.messages(out) <= budget
+        rows["fits"].append(float(fits))
+        rows["valid"].append(float(fits and validate_chat_messages(out) is None))
+        task = loop.messages[loop.step_starts[0] - 1]
+        rows["task"].append(float(fits and any(m == task for m in out)))
+        kept = _results(out) if fits else set()
+        steps = len(loop.step_starts)
+        intact = [_step_results(loop, s) <= kept for s in range(steps - 3, steps)]
+        rows["newest"].append(float(intact[-1]))
+        rows["three"].append(sum(intact) / 3)
+        rows["calls"].append(len(_calls(out) & set(loop.call_ids)) / len(loop.call_ids) if fits else 0.0)
+        if fits:
+            rows["use"].append(COUNTER.messages(out) / budget)
+    result = {
+        key: 100 * statistics.fmean(rows[key]) for key in ("fits", "valid", "task", "newest", "refused")
+    }
+    result["three"] = 100 * statistics.median(rows["three"])
+    result["calls"] = 100 * statistics.fmean(rows["calls"])
+    result["use"] = statistics.median(rows["use"]) if rows["use"] else 0.0
+    return result
+
+
+def loop_stability(method: Method, loop: AgentLoop, ratio: float) -> float:
+    """Prefix stability over the loop's every request, at a budget of its final size / ratio."""
+    budget = int(COUNTER.messages(loop.messages) / ratio)
+    outputs = []
+    for request in loop_requests(loop):
+        try:
+            outputs.append(method(request, budget))
+        except ContextBudgetExceeded:
+            outputs.append([])
+    shares = [prefix_share(a, b) for a, b in itertools.pairwise(outputs) if a and b]
+    return statistics.fmean(shares) if shares else 0.0
+
+
+def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growing_steps: int) -> None:
+    loops = [
+        agent_loop(seed, n, style, prior_turns=3 * (seed % 2))
+        for seed in range(seeds)
+        for style in ("openai", "anthropic")
+        for n in steps
+    ]
+    grown = [
+        agent_loop(seed, growing_steps, style) for seed in range(seeds) for style in ("openai", "anthropic")
+    ]
+    sizes = [COUNTER.messages(loop.messages) for loop in loops]
+    print(
+        f"\nAgent loops: {len(loops)} loops of {','.join(map(str, steps))} steps, "
+        f"{min(sizes):,}–{max(sizes):,} tokens; "
+        f"stability over {len(grown)} growing loops of {growing_steps} steps (every step a request)\n"
+    )
+    header = (
+        f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'newest':>6} {'3 new':>5} "
+        f"{'calls':>5} {'use':>5} {'refused':>7} {'prefix':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for ratio in LOOP_RATIOS:
+        for name, method in methods.items():
+            r = evaluate_loops(method, loops, ratio)
+            stable = statistics.fmean(loop_stability(method, loop, ratio) for loop in grown)
+            print(
+                f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
+                f"{r['task']:5.0f} {r['newest']:6.0f} {r['three']:5.0f} {r['calls']:5.0f} {r['use']:5.2f} "
+                f"{r['refused']:7.0f} "
+                f"{stable:6.3f}",
+                flush=True,
+            )
+        print()
 
 
 Shape = tuple[WireFormat, Callable[[list[Message]], dict[str, Any]], Callable[[dict[str, Any]], object]]
@@ -298,9 +441,33 @@ def main() -> None:
     parser.add_argument(
         "--agent-loop", action="store_true", help="add the stability over an agent's every request"
     )
-    parser.add_argument("--only-shapes", action="store_true", help="only the table of API shapes")
+    parser.add_argument(
+        "--loop-steps", default="25,60,160", help="steps of the agent loops (comma-separated)"
+    )
+    parser.add_argument("--growing-steps", type=int, default=80, help="steps of the growing loops")
+    parser.add_argument("--only-loops", action="store_true", help="print only the agent-loop table")
+    parser.add_argument("--only-shapes", action="store_true", help="print only the table of API shapes")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a compression setting for context-gateway, e.g. recent_steps_ratio=0.7 (repeatable)",
+    )
     args = parser.parse_args()
+    environ = {f"GATEWAY_COMPRESSION_{k.upper()}": v for k, _, v in (o.partition("=") for o in args.option)}
+    try:
+        options = load_settings(None, environ).compression
+    except ConfigError as problem:
+        parser.error(str(problem))
     methods = {name: METHODS[name] for name in args.methods.split(",")}
+    if "context-gateway" in methods:
+        methods["context-gateway"] = partial(gateway_fit, options=options)
+    loop_methods = {name: method for name, method in methods.items() if name in LOOP_METHODS}
+    steps = [int(n) for n in args.loop_steps.split(",")]
+    if args.only_loops:
+        print_loops(loop_methods, args.seeds, steps, args.growing_steps)
+        return
 
     conversations = [conversation(kind, seed) for kind in CONVERSATION_KINDS for seed in range(args.seeds)]
     requests = growing(0, args.turns)
@@ -324,7 +491,7 @@ def main() -> None:
     header = (
         f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} "
         + " ".join(f"{short[k]:>8}" for k in KINDS)
-        + f" {'kept':>5} {'p50 ms':>8} {'p99 ms':>8} {'prefix':>6}"
+        + f" {'kept':>5} {'use':>5} {'p50 ms':>8} {'p99 ms':>8} {'prefix':>6}"
         + (f" {'loop':>6}" if loop else "")
     )
     print(header)
@@ -337,11 +504,13 @@ def main() -> None:
             print(
                 f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
                 + " ".join(f"{r[k]:8.0f}" for k in KINDS)
-                + f" {r['kept']:5.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {stable:6.3f}{looped}",
+                + f" {r['kept']:5.0f} {r['use']:5.2f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}"
+                + f" {stable:6.3f}{looped}",
                 flush=True,
             )
         print()
 
+    print_loops(loop_methods, args.seeds, steps, args.growing_steps)
     print_shapes(conversations, requests)
 
     big = huge(0, args.huge_tokens)

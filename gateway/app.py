@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.middleware import RequestGuard
+from gateway.request_path import PathGuard
 from gateway.routes.chat import chat_completions
 from gateway.routes.health import healthz, metrics
 from gateway.routes.messages import count_tokens, messages
@@ -72,8 +73,10 @@ def create_app(settings: Settings) -> Starlette:
             HTTPException: http_error,
         },
         # Outside the routes and their handlers: a bug anywhere still answers a clean 500.
-        middleware=[Middleware(RequestGuard)],
+        middleware=[Middleware(RequestGuard), Middleware(PathGuard)],
         lifespan=lifespan,
     )
+    # Starlette would answer GET /v1 with a redirect to a URL built from the client's Host header.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     return app

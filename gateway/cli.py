@@ -1,4 +1,4 @@
-"""The ``context-gateway`` command: serve, compress, count."""
+"""The ``context-gateway`` command: serve, compress, count, windows."""
 
 from __future__ import annotations
 
@@ -44,12 +44,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     count.add_argument("--verbose", action="store_true", help="per-message counts")
     count.add_argument("file", help="chat-completions request body or bare message list (JSON); - for stdin")
 
+    windows = commands.add_parser("windows", help="show or clear learned and discovered context windows")
+    actions = windows.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="learned and discovered windows in the store (Redis)")
+    listing.add_argument("--config", help="YAML config file (for redis_url)")
+    listing.add_argument(
+        "--limit", type=int, default=1000, help="at most this many of each kind (default 1000)"
+    )
+    forget = actions.add_parser("forget", help="clear what the store holds for a model, on every replica")
+    forget.add_argument("--config", help="YAML config file (for redis_url)")
+    forget.add_argument("model", help="the model name as clients send it")
+    resolve = actions.add_parser(
+        "resolve", help="the window each name resolves to without the store, and why"
+    )
+    resolve.add_argument("--config", help="YAML config file (for model window overrides)")
+    resolve.add_argument("model", nargs="+", help="model names as clients send them")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
         if args.command == "compress":
             return _compress(args)
+        if args.command == "windows":
+            return _windows(args)
         return _count(args)
     except ConfigError as exc:
         print(f"context-gateway: configuration error: {exc}", file=sys.stderr)
@@ -75,26 +93,14 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.server.run import serve
 
     settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
-    host, port = settings.server.host, settings.server.port
     logging.basicConfig(
         level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("%s", startup_line(settings, args.config))
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.server.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    serve(settings, host=settings.server.host, port=settings.server.port)
     return 0
 
 
@@ -177,6 +183,58 @@ def _count(args: argparse.Namespace) -> int:
     print(f"context window: {window.tokens} (from {window.source})")
     print(f"usable budget: {budget} -> {'fits' if tokens <= budget else 'over budget: would be compressed'}")
     return 0
+
+
+def _windows(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.tokens.windows import WindowResolver
+
+    settings = load_settings(args.config)
+    if args.action == "resolve":
+        resolver = WindowResolver(overrides=settings.window_overrides())
+        for model in args.model:
+            found = resolver.resolve_window(model)
+            detail = f" ({found.detail})" if found.detail else ""
+            print(f"{model}\t{found.tokens or '-'}\t{found.source}{detail}")
+        return 0
+    if not settings.redis_url:
+        print(
+            "context-gateway: no redis_url configured: each gateway process keeps its learned windows "
+            "in its own memory, out of reach of this command (they expire after "
+            f"windows.learned_ttl_seconds = {settings.windows.learned_ttl_seconds} s)",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(_windows_in_store(args, settings))
+
+
+async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from gateway.store import open_store
+    from gateway.tokens.window_records import forget, list_records
+
+    store = open_store(settings.redis_url)
+    try:
+        if args.action == "forget":
+            deleted = await forget(store, args.model)
+            print(
+                f"{args.model}: {deleted} record(s) removed" if deleted else f"{args.model}: nothing stored"
+            )
+            return 0
+        records = await list_records(store, max(1, args.limit))
+        print("model\twindow\tsource\texpires in\tdetail")
+        now = time.time()
+        for record in records:
+            expires = f"{max(0, round(record.expires_at - now))} s"
+            print(f"{record.model}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+        return 0
+    except (OSError, ConnectionError) as exc:
+        print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
 
 
 if __name__ == "__main__":

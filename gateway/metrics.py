@@ -43,3 +43,9 @@ SERVER_TRUNCATIONS = Counter(
     "gateway_responses_server_truncations_total",
     "Responses requests with server-side history sent with truncation auto (responses_server_state).",
 )
+WINDOW_EVIDENCE = Counter(
+    "gateway_window_evidence_total",
+    "What upstream overflow errors taught about context windows: a believed stated window, a refused "
+    "size (no window stated), or an implausible stated window that was ignored.",
+    ["kind"],
+)

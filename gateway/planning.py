@@ -14,6 +14,8 @@ from gateway.compress import ContextBudgetExceeded
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
+from gateway.tokens.learned_windows import Refusal
+from gateway.tokens.windows import requested_output
 from gateway.wire.fitting import fit_request
 
 if TYPE_CHECKING:
@@ -23,7 +25,10 @@ if TYPE_CHECKING:
 FIT_IN_THREAD_BYTES = 256 * 1024
 # After an overflow the gateway's estimate was wrong: aim this far below the stated window.
 OVERFLOW_RETRY_HEADROOM = 0.9
-# When the upstream names no window, cut at least this share of what it refused.
+# A bisected estimate keeps at most 1/N of itself (or the safety margin) free for counting noise.
+BISECTED_MARGIN_DIVISOR = 32
+# When the upstream names no window and nothing close was accepted, aim at this share of
+# the refused demand.
 OVERFLOW_BLIND_CUT = 0.75
 
 
@@ -59,7 +64,9 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     counted = chat.view.counted
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
-        if window.tokens is not None:
+        if window.source == "bisected" and window.tokens is not None:
+            budget = bisected_budget(runtime, chat, window.tokens)
+        elif window.tokens is not None:
             budget = runtime.settings.budget.usable(window.tokens, counted)
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
         return Plan(chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, counted)))
@@ -110,24 +117,70 @@ def _fitted_plan(
     return Plan(orjson.dumps(body), budget, tokens, tokens_after, tuple(result.stages))
 
 
-def overflow_retry_budget(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> int | None:
+def demand(chat: ChatRequest, plan: Plan) -> int:
+    """What a request asks of the window: its prompt (as counted) plus the output it asked for.
+    Without max_tokens upstreams check the prompt alone, so nothing is added."""
+    return plan.tokens_after + (requested_output(chat.view.counted) or 0)
+
+
+def bisected_budget(runtime: Runtime, chat: ChatRequest, estimate: int) -> int:
+    """Prompt tokens that fit a demand estimate learned from accepted and refused requests.
+
+    The estimate is in demand units, measured on this model's own answers: only the output
+    this request asks for and the safety margin come off, not a default output reserve.
+    """
+    output = requested_output(chat.view.counted) or 0
+    # The margin covers counting noise, which scales with the prompt: small windows keep most of it.
+    margin = min(runtime.settings.budget.safety_margin, estimate // BISECTED_MARGIN_DIVISOR)
+    return max(1, estimate - output - margin)
+
+
+def refusal_of(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> Refusal:
+    return Refusal(
+        demand=demand(chat, sent),
+        prompt_tokens=sent.tokens_after,
+        stated_window=overflow.window,
+        stated_prompt=overflow.prompt_tokens,
+        stated_output=overflow.requested_output,
+        expected_window=runtime.windows.reference_window(chat.model),
+    )
+
+
+def overflow_retry_budget(
+    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow, window: int | None
+) -> int | None:
     """A budget, in the gateway's own token units, that the upstream will accept this time.
 
-    None when compressing cannot help: the requested output alone fills the stated window.
+    ``window`` is the stated window when it was believed (`learned_windows.judge`), else None.
+    None when compressing cannot help: the requested output alone fills the stated window, or
+    the refused request was smaller than any plausible window.
     When the upstream states its count of what was sent, its ratio to ours converts the stated
     window into our units (our estimate can be off for non-OpenAI tokenizers).
+
+    With no believable window the retry must not fail again (a second refusal reaches the
+    client): it aims at the largest demand this model accepted when that is close below the
+    refused one (a growing conversation's previous turn), else at the bisection estimate.
     """
     ceiling = int(sent.tokens_after * OVERFLOW_RETRY_HEADROOM)
-    if overflow.window is None:
-        return min(ceiling, int(sent.tokens_after * OVERFLOW_BLIND_CUT))
-    if overflow.requested_output is not None and overflow.requested_output >= overflow.window:
+    if window is None:
+        refused = demand(chat, sent)
+        if refused < runtime.settings.windows.min_plausible_window:
+            # Smaller than any plausible window: the upstream's complaint is about something else.
+            return None
+        evidence = runtime.windows.learned.get(chat.model)
+        target = int(refused * OVERFLOW_BLIND_CUT)
+        if evidence is not None and evidence.accepted is not None and evidence.accepted >= target:
+            target = evidence.accepted
+        elif evidence is not None:
+            target = evidence.estimate() or target
+        return max(1, min(ceiling, bisected_budget(runtime, chat, target)))
+    if overflow.requested_output is not None and overflow.requested_output >= window:
         return None
     cfg = runtime.settings.budget
-    if overflow.input_limit:
-        # The stated maximum covers the prompt alone: no room to reserve for the answer.
-        budget = max(0, overflow.window - cfg.safety_margin)
-    else:
-        budget = cfg.usable(overflow.window, chat.view.counted)
+    # An input limit covers the prompt alone: no room to reserve for the answer.
+    budget = (
+        max(0, window - cfg.safety_margin) if overflow.input_limit else cfg.usable(window, chat.view.counted)
+    )
     if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
         budget = budget * sent.tokens_after // overflow.prompt_tokens
     return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

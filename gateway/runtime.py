@@ -4,24 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
-from gateway.overflow import Overflow, detect_silent_truncation
+from gateway.overflow import detect_silent_truncation
 from gateway.settings import Settings
 from gateway.store import Store, open_store
+from gateway.tokens import discovery
 from gateway.tokens.calibration import MAX_MODELS, Calibration
 from gateway.tokens.counter import CALIBRATION, counter_for
-from gateway.tokens.windows import LearnedWindows, WindowResolver
+from gateway.tokens.discovery import discover_window
+from gateway.tokens.expiring import ExpiringLRU
+from gateway.tokens.learned_windows import LearnedWindows, Refusal
+from gateway.tokens.windows import WindowResolver
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway")
 
 # Persist a model's calibration on its first sample and every this many after.
 CALIBRATION_SAVE_EVERY = 10
+# Largest model-list body read during discovery (OpenRouter's list is a few hundred KB).
+DISCOVERY_MAX_BYTES = 8 * 1024 * 1024
+# Discoveries in flight at once, over all models.
+MAX_CONCURRENT_DISCOVERIES = 8
+# Request headers that authenticate the gateway's own discovery requests to the upstream.
+DISCOVERY_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 
 @dataclass
@@ -33,17 +44,33 @@ class Runtime:
     calibration: Calibration
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
-    # Models whose learned state this process read from the store, most recent last (bounded:
+    # Models whose calibration this process read from the store, most recent last (bounded:
     # model names come from clients; an evicted one is simply read again).
     _loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Models whose learned and discovered windows were read from the store lately (entries
+    # expire after windows.store_refresh_seconds); bounded LRUs.
+    _refreshed: ExpiringLRU[bool] = field(init=False)
+    _discovery_done: ExpiringLRU[bool] = field(init=False)
+    # One discovery per model at a time, whatever the number of concurrent first requests.
+    _discovering: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._refreshed = ExpiringLRU(self.settings.windows.max_models)
+        self._discovery_done = ExpiringLRU(self.settings.windows.max_models)
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:
+        cfg = settings.windows
+        learned = LearnedWindows(
+            max_models=cfg.max_models, ttl_seconds=cfg.learned_ttl_seconds, floor=cfg.min_plausible_window
+        )
         return cls(
             settings=settings,
             upstream=Upstream(settings.upstream),
             store=open_store(settings.redis_url),
-            windows=WindowResolver(overrides=settings.window_overrides(), learned=LearnedWindows()),
+            windows=WindowResolver(
+                overrides=settings.window_overrides(), learned=learned, discovered=ExpiringLRU(cfg.max_models)
+            ),
             calibration=CALIBRATION,
         )
 
@@ -57,25 +84,98 @@ class Runtime:
         await self.store.close()
 
     async def load_learned(self, model: str) -> None:
-        """Once per model and process: adopt what other replicas learned (window, calibration)."""
-        if model in self._loaded:
-            self._loaded.move_to_end(model)
-            return
-        self._loaded[model] = None
-        if len(self._loaded) > MAX_MODELS:
-            self._loaded.popitem(last=False)
+        """Adopt what other replicas learned: the window every `windows.store_refresh_seconds`
+        (so a `windows forget` reaches every replica), the calibration once per model and process."""
         try:
-            await self.windows.learned.load(self.store, model)
+            if model not in self._refreshed:
+                self._refreshed.put(model, True, time.time() + self.settings.windows.store_refresh_seconds)
+                await self.windows.learned.load(self.store, model)
+            if model in self._loaded:
+                self._loaded.move_to_end(model)
+                return
+            self._loaded[model] = None
+            if len(self._loaded) > MAX_MODELS:
+                self._loaded.popitem(last=False)
             await self.calibration.load(self.store, model)
         except Exception as exc:  # a store outage must not fail requests
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
-    async def learn_from_overflow(self, model: str, overflow: Overflow) -> None:
-        """Remember a window the upstream stated, so later requests fit ahead of time."""
-        if overflow.window is None:
+    async def discover(self, model: str, headers: list[tuple[str, str]]) -> None:
+        """At a model's first sight: the window another replica discovered, else ask the upstream
+        (bounded by `windows.discovery_timeout`). Later requests find the answer in memory."""
+        cfg = self.settings.windows
+        if not cfg.discovery or model in self._discovery_done:
             return
-        self.windows.learned.learn(model, overflow.window)
+        running = self._discovering.get(model)
+        if running is None and len(self._discovering) >= MAX_CONCURRENT_DISCOVERIES:
+            # A flood of new names must not multiply upstream requests: these go undiscovered
+            # (model map, learning) and are asked about at a later sight.
+            return
+        if running is None:
+            credentials = {
+                name.lower(): value for name, value in headers if name.lower() in DISCOVERY_HEADERS
+            }
+            running = asyncio.ensure_future(self._discover(model, credentials))
+            self._discovering[model] = running
+            running.add_done_callback(lambda _: self._discovering.pop(model, None))
+        await asyncio.shield(running)
+
+    async def _discover(self, model: str, credentials: Mapping[str, str]) -> None:
+        cfg = self.settings.windows
+        expires_at = time.time() + cfg.discovery_ttl_seconds
+        try:
+            stored = await self.store.get(discovery.store_key(model))
+        except Exception as exc:
+            log.warning("could not read the discovered window for %s: %s", model, type(exc).__name__)
+            stored = None
+        if stored is not None:
+            found, known = discovery.decode(stored), True
+        else:
+
+            async def fetch(method: str, url: str, body: bytes | None) -> Any:
+                return await self.upstream.fetch_json(
+                    method, url, credentials, body, max_bytes=DISCOVERY_MAX_BYTES
+                )
+
+            base_url = self.settings.upstream.base_url
+            found = await discover_window(fetch, base_url, model, timeout=cfg.discovery_timeout)
+            known = False
+        self._discovery_done.put(
+            model, True, time.time() + min(cfg.store_refresh_seconds, cfg.discovery_ttl_seconds)
+        )
+        if found is None:
+            self.windows.discovered.pop(model)
+        else:
+            self.windows.discovered.put(model, found, expires_at)
+        if not known:
+            self.in_background(
+                self.store.set(
+                    discovery.store_key(model),
+                    discovery.encode(found, expires_at),
+                    ttl_seconds=cfg.discovery_ttl_seconds,
+                )
+            )
+
+    def learn_from_overflow(self, model: str, refusal: Refusal) -> int | None:
+        """Record a refused request; the stated window when it is believed (see learned_windows.judge)."""
+        window = self.windows.learned.refused(model, refusal)
+        if window is not None:
+            kind = "stated"
+        elif refusal.stated_window is not None:
+            kind = "implausible"
+            log.warning(
+                "ignored an implausible stated window of %d tokens for %.100r", refusal.stated_window, model
+            )
+        else:
+            kind = "refused"
+        metrics.WINDOW_EVIDENCE.labels(kind).inc()
         self.in_background(self.windows.learned.save(self.store, model))
+        return window
+
+    def learn_from_success(self, model: str, demand: int) -> None:
+        """An accepted request is a lower bound on the window (what bisection starts from)."""
+        if self.windows.learned.accepted(model, demand):
+            self.in_background(self.windows.learned.save(self.store, model))
 
     def observe_usage(self, model: str, estimated: int, reported: int | None) -> bool:
         """Learn from the upstream's own prompt count; True when it shows a silent truncation."""

@@ -46,6 +46,7 @@ class ConfigError(ValueError):
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+MAX_DISCOVERY_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,23 @@ class ServerSettings:
     port: int = 8080
     # Bodies above this are refused with 413 before being read in full.
     max_body_bytes: int = 32 * 1024 * 1024
+    # The same for the pass-through routes (file uploads): OpenAI accepts files up to 512 MB.
+    max_passthrough_body_bytes: int = 512 * 1024 * 1024
     log_level: str = "info"
     # An upstream key, no gateway keys and a non-loopback address make an open relay: refused
     # at start-up unless the operator says this is what they mean.
     allow_unauthenticated: bool = False
+    # Open client connections; beyond it the oldest idle one is closed, else the new one.
+    # Lowered at start-up to fit under the process's open-file limit.
+    max_connections: int = 4096
+    # Request line plus headers; larger ones answer 431.
+    max_header_bytes: int = 64 * 1024
+    # Seconds from a request's first byte (or the connection's start) to the end of its headers.
+    header_timeout: float = 15.0
+    # Longest silence, in seconds, inside a request body.
+    body_timeout: float = 60.0
+    # Seconds an idle keep-alive connection stays open between requests.
+    keep_alive_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,26 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class WindowSettings:
+    # Ask the upstream's model endpoints (vLLM, OpenRouter, LM Studio, Ollama, llama.cpp) for a
+    # model's window at its first sight; the answer is cached in the store.
+    discovery: bool = True
+    # Seconds the first request of a model may wait for discovery.
+    discovery_timeout: float = 2.0
+    # How long a discovered window (or the lack of one) is kept before asking again.
+    discovery_ttl_seconds: int = 86_400
+    # How long a window learned from overflow errors is believed before it is learned again.
+    learned_ttl_seconds: int = 86_400
+    # A stated window below this is an echo of some other number, not the model's window.
+    min_plausible_window: int = 1_024
+    # Models whose learned and discovered windows are kept in memory (least recently used go).
+    max_models: int = 10_000
+    # How often a replica re-reads a model's learned window from the store (other replicas'
+    # lessons, `context-gateway windows forget`).
+    store_refresh_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
 class BudgetSettings:
     # Output reserve when the request sets neither max_completion_tokens nor max_tokens.
     default_output_reserve: int = 4096
@@ -120,6 +154,7 @@ class Settings:
     models: dict[str, ModelSettings] = field(default_factory=dict)
     redis_url: str | None = None
     budget: BudgetSettings = field(default_factory=BudgetSettings)
+    windows: WindowSettings = field(default_factory=WindowSettings)
     compression: CompressionOptions = field(default_factory=CompressionOptions)
 
     def window_overrides(self) -> dict[str, int]:
@@ -208,6 +243,13 @@ def _check(settings: Settings) -> list[str]:
         redis_problem = _redis_url_problem(settings.redis_url)
         if redis_problem:
             problems.append(f"redis_url {redis_problem}")
+    if settings.windows.discovery_timeout > MAX_DISCOVERY_TIMEOUT:
+        problems.append(
+            f"windows.discovery_timeout must be at most {MAX_DISCOVERY_TIMEOUT:g} s (it delays a model's "
+            f"first request), got {settings.windows.discovery_timeout:g}"
+        )
+    if settings.windows.max_models < 1:
+        problems.append("windows.max_models must be at least 1")
     if open_relay(settings):
         problems.append(
             f"upstream.api_key is set, no gateway keys are configured and the gateway listens on "

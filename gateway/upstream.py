@@ -15,8 +15,10 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+import orjson
 from multidict import CIMultiDict
 from tenacity import (
     AsyncRetrying,
@@ -50,6 +52,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Checks of a body's progress per idle timeout (see iter_body).
+WATCHDOG_TICKS = 10
 
 
 def upstream_timeout(message: str) -> GatewayError:
@@ -293,6 +297,37 @@ class Upstream:
         backoff = wait_random_exponential(multiplier=cfg.backoff_initial, max=cfg.backoff_max)
         return float(backoff(state))
 
+    async def fetch_json(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, *, max_bytes: int
+    ) -> Any:
+        """One attempt, no retries, for the gateway's own look-ups (window discovery): the
+        parsed JSON of a 200 answer, else None. Never raises; callers bound the time."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.request(
+                method,
+                URL(url),
+                headers={
+                    **headers,
+                    "Accept": "application/json",
+                    "Accept-Encoding": "identity",
+                    **({"Content-Type": "application/json"} if body is not None else {}),
+                },
+                data=body,
+                allow_redirects=False,
+            ) as response:
+                if response.status != 200:
+                    return None
+                content = bytearray()
+                async for chunk in response.content.iter_any():
+                    content += chunk
+                    if len(content) > max_bytes:
+                        return None
+                return orjson.loads(content)
+        except (aiohttp.ClientError, orjson.JSONDecodeError, ValueError, UnicodeError):
+            return None
+
     async def _attempt(
         self,
         method: str,
@@ -328,8 +363,9 @@ async def iter_body(
 
     An upstream silent for longer than ``idle_timeout``, or still sending at ``deadline``
     (event-loop time), makes the read raise TimeoutError. One watchdog timer per body
-    checks the upstream's byte count, instead of a timeout armed around every chunk: it
-    measures the upstream's silence (not the client's pace) and costs nothing per chunk.
+    checks the upstream's byte count a few times per idle period, instead of a timeout armed
+    around every chunk: it measures the upstream's silence (not the client's pace) and costs
+    nothing per chunk.
     The connection is closed (not returned to the pool) unless the body was read to its
     end, so a client that goes away stops the upstream generation at once.
     """
@@ -338,6 +374,9 @@ async def iter_body(
     seen_bytes = content.total_bytes
     last_progress = loop.time()
     end_by = math.inf if deadline is None else deadline
+    # New bytes are noticed at the next tick, so a silence is cut within 1/WATCHDOG_TICKS of
+    # idle_timeout past it (one check per idle period would let it run to twice as long).
+    tick = idle_timeout / WATCHDOG_TICKS
     timer: asyncio.TimerHandle
 
     def watch() -> None:
@@ -349,9 +388,9 @@ async def iter_body(
         if now >= due:
             content.set_exception(TimeoutError())
         else:
-            timer = loop.call_at(due, watch)
+            timer = loop.call_at(min(now + tick, due), watch)
 
-    timer = loop.call_at(min(last_progress + idle_timeout, end_by), watch)
+    timer = loop.call_at(min(last_progress + tick, end_by), watch)
     complete = False
     try:
         while True:

@@ -11,6 +11,7 @@ import pytest
 
 import gateway  # noqa: F401  (offline tiktoken before anything loads it)
 from gateway.app import create_app
+from gateway.server.run import server_options
 from gateway.settings import load_settings
 from gateway.tokens.counter import CALIBRATION, MESSAGE_COUNTS
 from tests.fakes.serve import serve_in_thread
@@ -63,7 +64,8 @@ def start_gateway(fake_upstream: FakeUpstream) -> Iterator[GatewayFactory]:
                 "GATEWAY_UPSTREAM_ANTHROPIC_BASE_URL": fake_upstream.base_url.removesuffix("/v1"),
             }
             settings = load_settings(None, {**upstreams, **environ})
-            url = stack.enter_context(serve_in_thread(create_app(settings)))
+            app = create_app(settings)
+            url = stack.enter_context(serve_in_thread(app, **server_options(settings.server)))
             return f"{url}/v1"
 
         yield start

@@ -13,15 +13,34 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
                   only when truncating text is not enough, but before any turn
   5 drop_turns    remove whole turns behind one marker message: the opening of
                   the history (task statement, first facts) is kept up to a
-                  share of the budget, turns after it go oldest first
-  6 protected     trim the system prompt and the latest turn, or refuse
-Stages 1–4 only touch units before the latest user turn (and never system or
-developer messages); results, images and files of the latest turn are kept.
+                  share of the budget, turns after it go oldest first; then
+                  older steps of the latest turn, oldest first, behind a
+                  second marker after its user message
+  6 protected     trim protected messages, largest first, the newest step
+                  last, or refuse
+Stages 1–5 never touch system or developer messages, the latest user message
+or the recent steps of its turn.
+
+Agent loops. A coding or research agent answers one user message with many
+steps (an assistant tool call and the results answering it), sending a
+request after each; the latest turn is then most of the prompt. Its newest
+steps are protected: at least the newest, and more up to
+`recent_steps_ratio` of the budget; older steps are history, compressed by
+the same rungs and dropped on the same grid as older turns (after them). The
+boundary sits on a grid over the turn's steps (where their running size
+crosses a multiple of the cut quantum), so it stays put while steps append
+and then jumps a whole quantum; it only moves forward. Each jump re-sends the
+steps it ages in compressed form, from the first one the rung changes: the
+prefix breaks there, about every quantum of steps, which is the cost of
+keeping the newest results whole. When even the dropped history is not
+enough, the fit is redone with only the newest step protected, and only then
+are protected messages trimmed; a request is refused only when the system
+prompt, the latest user message and the newest step cannot fit at the floor.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every
-request. Each rung of stages 1–4 applies to the whole history before the
-latest turn or not at all: on a growing conversation the previous compressed
+request. Each rung of stages 1–4 applies to the whole history (older turns
+and older steps alike) or not at all: on a growing conversation the previous compressed
 prompt is then reproduced byte for byte, followed by the newly old messages
 in compressed form, and the prefix only breaks when the rung changes. Applying
 a rung oldest-first up to a moving cut was measured to break the prefix at the
@@ -62,7 +81,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -80,7 +99,7 @@ from gateway.compress.transforms import (
     trim_tool_text,
     truncate_message,
 )
-from gateway.compress.units import group_units
+from gateway.compress.units import PROTECTED_ROLES, Unit, group_units
 from gateway.tokens.counter import TokenCounter, counter_for
 
 Message = Mapping[str, Any]
@@ -131,10 +150,16 @@ class FitResult:
         return bool(self.stages)
 
 
-def omitted_marker(count: int) -> dict[str, Any]:
-    """A user message: it precedes a kept user turn (strict APIs accept two user
-    messages in a row; Anthropic merges them), never sits inside a tool pair,
-    and unlike a mid-conversation system message works with every upstream."""
+def omitted_marker(dropped: Sequence[Message]) -> dict[str, Any]:
+    """The message standing for a dropped span (whole turns, or whole steps of the latest turn).
+
+    A user message: it precedes a kept user turn or a kept step (strict APIs
+    accept two user messages in a row; Anthropic merges them), never sits
+    inside a tool pair, and unlike a mid-conversation system message works
+    with every upstream. It receives the span itself, so what it says can be
+    derived from what was dropped.
+    """
+    count = len(dropped)
     noun = "message" if count == 1 else "messages"
     return {
         "role": "user",
@@ -204,7 +229,10 @@ class _Fitter:
         options: CompressionOptions,
         target: int,
         budget: int,
+        narrow: bool = False,
     ) -> None:
+        self.args = (messages, sizes, fixed, counter, options, target, budget)
+        self.narrow = narrow
         self.messages = messages
         self.sizes = sizes
         self.counter = counter
@@ -213,19 +241,64 @@ class _Fitter:
         self.budget = budget
         self.fixed = fixed
         self.before = fixed + sum(sizes)
-        self.units = group_units(messages)
+        units = group_units(messages)
+        recent = self._recent_steps(units, narrow)
+        # Steps of the latest turn older than the recent ones are history like older turns.
+        self.units = [
+            replace(u, protected=False) if u.step and i < recent else u for i, u in enumerate(units)
+        ]
         self.old = [unit for unit in self.units if not unit.protected]
-        self.base = fixed + sum(sum(sizes[u.start : u.end]) for u in self.units if u.protected)
-        # The part of the base that stays the same as the conversation grows: all but the latest turn.
+        self.recent_steps = sum(u.step for u in self.units[recent:])
+        # Old units before this one are older turns; from it on, older steps of the latest turn.
+        self.first_step = next((k for k, u in enumerate(self.old) if u.step), len(self.old))
+        self.base = fixed + sum(self._unit_size(u) for u in self.units if u.protected)
+        # The part of the base that stays the same as the conversation grows: all but the
+        # latest turn (in an agent loop: all but its recent steps).
         latest = max((k + 1 for k, u in enumerate(self.units) if not u.protected), default=0)
         stable = [u for u in self.units[:latest] if u.protected]
-        self.stable_base = fixed + sum(sum(sizes[u.start : u.end]) for u in stable)
+        self.stable_base = fixed + sum(self._unit_size(u) for u in stable)
+        # What every earlier request of the conversation held besides its history: system messages.
+        system = [u for u in self.units if messages[u.start].get("role") in PROTECTED_ROLES]
+        self.system_base = fixed + sum(self._unit_size(u) for u in system)
+        task = [u for u in self.units if u.protected and u.turn_start]
+        self.task_size = self._unit_size(task[-1]) if task else 0  # the latest user message
         self.names = tool_names(list(messages))
         self.forms: dict[tuple[int, int], tuple[Form, int]] = {}
         self.densities: dict[int, float] = {}
         self.levels = self._ladder()
         self.prefixes: dict[int, list[int]] = {}
         self.trim_caps = dict(enumerate(options.tool_result_caps, start=2))  # level -> cap
+
+    def _unit_size(self, unit: Unit) -> int:
+        return sum(self.sizes[unit.start : unit.end])
+
+    def _recent_steps(self, units: Sequence[Unit], narrow: bool) -> int:
+        """Index of the first protected step of the latest turn: the newest steps within the share.
+
+        At least the newest step; more from a point of a grid over the turn's
+        steps (where their running size from the turn's start crosses a
+        multiple of the quantum), the earliest point whose steps fit the
+        share. Those points are the same for every request of a growing
+        loop, so the boundary stays put while steps append, then jumps a
+        whole quantum; it never moves back. `narrow` keeps only the newest
+        step: the last resort before trimming protected messages.
+        """
+        steps = [i for i, unit in enumerate(units) if unit.step]
+        if not steps:
+            return len(units)
+        if narrow:
+            return steps[-1]
+        weights = [self._unit_size(units[i]) for i in steps]
+        share = self.budget * self.options.recent_steps_ratio
+        quantum = max(1, int(self.budget * self.options.cut_quantum))
+        suffix = sum(weights)
+        position = 0
+        for point in [0, *_grid(weights, quantum, 0)[:-1]]:
+            suffix -= sum(weights[position:point])
+            position = point
+            if suffix <= share:
+                return steps[point]
+        return steps[-1]
 
     def _ladder(self) -> list[_Level]:
         """Levels 1..: reasoning, each trim cap, placeholder, each truncate cap, media (0: original).
@@ -342,11 +415,15 @@ class _Fitter:
         much of the turn they held, and so what they needed, depends on when
         the client sent them.
         """
-        return [
-            (t, self.stable_base + sum(self.sizes[unit.start : unit.end]))
+        openings = [
+            (t, self.system_base + self._unit_size(unit))
             for t, unit in enumerate(self.old)
             if unit.turn_start and t > after
         ]
+        if self.first_step < len(self.old) and self.first_step > after:
+            # The request that opened the latest turn: its user message came before the old steps.
+            openings.append((self.first_step, self.system_base + self.task_size))
+        return openings
 
     def _fits(self, level: int) -> bool:
         return self._worth_computing(level) and self._full(level) <= self.target
@@ -367,7 +444,7 @@ class _Fitter:
         Decisions depend on the budget, never on the aggressive target, so
         both modes climb the same rungs and aggressive only climbs further.
         """
-        room = self.budget - self.stable_base  # for the history, the latest turn left out
+        room = self.budget - self.stable_base  # for the history, the latest turn (recent steps) left out
         n = len(self.old)
         rungs: list[int] = []
         previous, last = self._prefix(0), 0
@@ -481,65 +558,110 @@ class _Fitter:
         return cut
 
     def _head(self, level: int) -> int:
-        """How many old units, from the first, fit the head's room at `level`."""
+        """How many old units, from the first, fit the head's room at `level` (older turns only).
+
+        An agent loop's opening is its task, the protected user message; its
+        old steps are not a head: they go oldest first.
+        """
         head = 0
         room = int(self.budget * self.options.keep_head_ratio)
-        while head < len(self.old) and self.form(head, level)[1] <= room:
+        while head < self.first_step and self.form(head, level)[1] <= room:
             room -= self.form(head, level)[1]
             head += 1
         return head
 
     def _turn_cuts(self, cuts: list[int]) -> list[int]:
-        """Move each cut forward to a turn start, so whole turns go and history resumes with the user."""
+        """Move each cut forward to a turn or step start: whole turns and steps go, pairs stay whole."""
         n = len(self.old)
         snapped: list[int] = []
         for cut in cuts:
-            while cut < n and not self.old[cut].turn_start:
+            while cut < n and not (self.old[cut].turn_start or self.old[cut].step):
                 cut += 1
             if not snapped or snapped[-1] != cut:
                 snapped.append(cut)
         return snapped
 
-    def _dropped_count(self, head: int, cut: int) -> int:
-        return sum(unit.end - unit.start for unit in self.old[head:cut])
+    def _spans(self, head: int, cut: int) -> list[tuple[int, int]]:
+        """The dropped old units [head, cut) as runs: older turns, then older steps (one marker each)."""
+        middle = self.first_step
+        spans = [(head, min(cut, middle)), (max(head, middle), cut)]
+        return [(a, b) for a, b in spans if a < b]
 
-    def _marker(self, head: int, cut: int) -> dict[str, Any] | None:
-        return omitted_marker(self._dropped_count(head, cut)) if cut > head else None
+    def _dropped(self, a: int, b: int) -> list[Message]:
+        return [m for unit in self.old[a:b] for m in self.messages[unit.start : unit.end]]
+
+    def _dropped_count(self, head: int, cut: int) -> int:
+        return sum(len(self._dropped(a, b)) for a, b in self._spans(head, cut))
+
+    def _markers(self, head: int, cut: int) -> dict[int, dict[str, Any]]:
+        """Old unit index -> the marker standing for the dropped run that starts there."""
+        return {a: omitted_marker(self._dropped(a, b)) for a, b in self._spans(head, cut)}
 
     def _marker_tokens(self, head: int, cut: int) -> int:
-        marker = self._marker(head, cut)
-        return 0 if marker is None else self.counter.message(marker)
+        return sum(self.counter.message(marker) for marker in self._markers(head, cut).values())
 
     def _protected(self, levels: list[int]) -> FitResult:
-        """Last resort: shrink protected messages under a halving cap, down to the floor."""
+        """Last resort: shrink protected messages under a halving cap, down to the floor.
+
+        Recent steps other than the newest are not worth a trimmed task: the
+        whole fit is first retried with only the newest step protected. Then
+        the largest protected messages are trimmed first, and the newest
+        step's only once everything else is at its floor.
+        """
+        if not self.narrow and self.recent_steps > 1:
+            return _Fitter(*self.args, narrow=True).run()
         n = len(self.old)
         marker = self._marker_tokens(0, n)
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
+        newest = next((unit for unit in reversed(self.units) if unit.step), None)
+        last = [i for i in indices if newest is not None and i >= newest.start]
+        first = [i for i in indices if newest is None or i < newest.start]
         floor = self.options.protected_floor_tokens
-        cap = max([self.sizes[i] for i in indices] + [floor])
+        shrunk: dict[int, Message] = {}
         best = self.before
-        while True:
-            cap = max(floor, cap // 2)
-            shrunk = {i: self._shrink_protected(i, cap) for i in indices if self.sizes[i] > cap}
-            total = (
-                self.base + marker + sum(self.counter.message(m) - self.sizes[i] for i, m in shrunk.items())
-            )
-            best = min(best, total)
-            if total <= self.target:
-                return self._result(levels, head=0, cut=n, protected=shrunk)
-            if cap == floor:
-                raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
+        for group in (first, last):
+            cap = max([self.sizes[i] for i in group] + [floor])
+            while group:
+                cap = max(floor, cap // 2)
+                shrunk.update({i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap})
+                total = (
+                    self.base
+                    + marker
+                    + sum(self.counter.message(m) - self.sizes[i] for i, m in shrunk.items())
+                )
+                best = min(best, total)
+                if total <= self.target:
+                    return self._result(levels, head=0, cut=n, protected=shrunk)
+                if cap == floor:
+                    break
+        raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
 
     def _shrink_protected(self, index: int, cap: int) -> Message:
+        """The message trimmed to about `cap` tokens, never below the floor (a promise).
+
+        The character limit comes from the message's density, which a trim
+        can change (it keeps whole lines and sentences, which may be denser
+        than the average): when the result falls below the floor, the limit
+        is scaled up and the trim redone; a message that cannot be trimmed to
+        at least the floor is kept whole.
+        """
+        floor = self.options.protected_floor_tokens
+        original = self.messages[index]
         cpt = self._chars_per_token(index)
-        message = _trim(self.names, cap, self.messages[index], cpt)
-        return truncate_message(message, int(cap * cpt), cpt)
+        limit = int(cap * cpt)
+        for _ in range(8):
+            message = truncate_message(_trim(self.names, int(limit / cpt), original, cpt), limit, cpt)
+            tokens = self.counter.message(message)
+            if tokens >= floor or message is original:
+                return message
+            limit = int(limit * floor / max(1, tokens)) + 16
+        return original
 
     # -- output -----------------------------------------------------------
 
     def _result(self, levels: list[int], *, head: int, cut: int, protected: dict[int, Message]) -> FitResult:
         old_index = {unit.start: k for k, unit in enumerate(self.old)}
-        marker = self._marker(head, cut)
+        markers = self._markers(head, cut)
         out: list[Message] = []
         after = self.fixed
         stages: set[str] = set()
@@ -551,9 +673,9 @@ class _Fitter:
                     out.append(message)
                     after += self.sizes[i] if message is self.messages[i] else self.counter.message(message)
             elif head <= k < cut:
-                if k == head and marker is not None:
-                    out.append(marker)
-                    after += self.counter.message(marker)
+                if k in markers:
+                    out.append(markers[k])
+                    after += self.counter.message(markers[k])
             else:
                 stages |= self._stages_of(k, levels[k])
                 form, tokens = self.form(k, levels[k])

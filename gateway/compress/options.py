@@ -45,11 +45,19 @@ class CompressionOptions:
         step, so the next turns append again; the price is up to a step of
         the budget left unused. Head and steps are shares of the budget, not
         of the aggressive target, so both modes cut on the same grid.
+    recent_steps_ratio: in the latest turn, the steps after the user message
+        (an agent loop: each assistant tool call with its results) are
+        protected from the newest back, at least the newest one, as long as
+        they fit within this share of the budget; older steps are compressed
+        and dropped like older turns, oldest first. The boundary moves on the
+        `cut_quantum` grid (by whole quanta of the turn's steps), so
+        consecutive requests of a loop keep sharing their prefix.
     aggressive_ratio: with `aggressive=True` the prompt is fitted to this
         share of the budget when possible, leaving headroom; it never keeps
         more than the plain fit of the same budget.
     protected_floor_tokens: stage 6 never trims a protected message (system
-        prompt, latest turn) below about this size; below that, fit refuses.
+        prompt, latest user message, newest step) below this size; below
+        that, fit refuses.
     responses_server_state: not read by `fit`: what the gateway does with a
         Responses request whose history lives on the upstream
         (`previous_response_id` or `conversation`), which no proxy can
@@ -64,12 +72,13 @@ class CompressionOptions:
     rung_headroom: float = 0.2
     keep_head_ratio: float = 0.3
     cut_quantum: float = 0.25
+    recent_steps_ratio: float = 0.5
     aggressive_ratio: float = 0.7
     protected_floor_tokens: int = 256
     responses_server_state: str = "pass"
 
     def __post_init__(self) -> None:
-        for name in ("cut_quantum", "aggressive_ratio"):
+        for name in ("cut_quantum", "aggressive_ratio", "recent_steps_ratio"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
         for name in ("keep_head_ratio", "rung_headroom"):

@@ -5,6 +5,11 @@ split: an assistant message with `tool_calls` together with the `role: tool`
 answers that follow it (OpenAI), or an assistant message with `tool_use`
 blocks together with the next user message when it carries the
 `tool_result` blocks (Anthropic-style content lists).
+
+Inside the latest turn, each unit after the user message is a step of an
+agent loop (an assistant message with its tool calls and the results that
+answer them): `fit` keeps the newest steps protected and compresses older
+ones like older turns.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class Unit:
     end: int  # exclusive
     protected: bool
     turn_start: bool  # begins with a user message that is real user input
+    step: bool = False  # in the latest turn, after its user message: a step of an agent loop
 
 
 def _blocks(message: Message, kind: str) -> bool:
@@ -72,7 +78,8 @@ def group_units(messages: Sequence[Message]) -> list[Unit]:
 
     The latest turn runs from the unit holding the last real user message to
     the end (without a user message: the last unit), so the pending question
-    and any tool rounds answering it are never dropped.
+    is never dropped. The units after that user message are the turn's
+    steps; `fit` decides how many of the newest stay protected.
     """
     spans: list[tuple[int, int]] = []
     i = 0
@@ -81,10 +88,12 @@ def group_units(messages: Sequence[Message]) -> list[Unit]:
         spans.append((i, end))
         i = end
     latest = len(spans) - 1
+    has_user = False
     for index in range(len(spans) - 1, -1, -1):
         start, end = spans[index]
         if any(is_user_input(messages[j]) for j in range(start, end)):
             latest = index
+            has_user = True
             break
     return [
         Unit(
@@ -92,6 +101,7 @@ def group_units(messages: Sequence[Message]) -> list[Unit]:
             end=end,
             protected=index >= latest or messages[start].get("role") in PROTECTED_ROLES,
             turn_start=is_user_input(messages[start]),
+            step=has_user and index > latest and messages[start].get("role") not in PROTECTED_ROLES,
         )
         for index, (start, end) in enumerate(spans)
     ]

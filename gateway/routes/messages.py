@@ -86,6 +86,8 @@ MESSAGES = Dialect(
     error_event=_error_event,
     inspect_body=_window_stop,
     inspect_stream=_window_stop_in_stream,
+    # Window discovery reads OpenAI-compatible model lists; Anthropic's states no windows.
+    discover=False,
 )
 
 

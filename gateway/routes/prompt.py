@@ -22,7 +22,7 @@ from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
-from gateway.planning import Plan, overflow_retry_budget, plan_request
+from gateway.planning import Plan, demand, overflow_retry_budget, plan_request, refusal_of
 from gateway.proxy_headers import to_client
 from gateway.relay import (
     ErrorEvent,
@@ -47,7 +47,8 @@ class Upstreaming:
 
 
 Planner = Callable[[Runtime, ChatRequest, Upstreaming], Awaitable[Plan]]
-RetryPlanner = Callable[[Runtime, ChatRequest, Plan, Overflow], Awaitable[Plan | None]]
+# (runtime, request, the plan refused, the overflow, the window it stated if believed) -> a retry
+RetryPlanner = Callable[[Runtime, ChatRequest, Plan, Overflow, int | None], Awaitable[Plan | None]]
 
 
 async def plan_default(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -> Plan:
@@ -55,12 +56,12 @@ async def plan_default(runtime: Runtime, chat: ChatRequest, upstream: Upstreamin
 
 
 async def compressed_retry(
-    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow
+    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow, believed: int | None
 ) -> Plan | None:
     """The overflow retry of a prompt the gateway can fit: compress for what the upstream stated."""
     if not chat.view.fittable:  # it would go out unchanged and overflow again
         return None
-    budget = overflow_retry_budget(runtime, chat, sent, overflow)
+    budget = overflow_retry_budget(runtime, chat, sent, overflow, believed)
     return None if budget is None else await plan_request(runtime, chat, budget=budget)
 
 
@@ -79,6 +80,8 @@ class Dialect:
     # True once a stream's head shows more than the events every answer opens with: an overflow
     # reported inside the stream (Responses: `response.failed`) comes after them.
     head_complete: Callable[[bytes], bool] = field(default=lambda head: True)
+    # Ask the upstream for the model's window at its first sight (OpenAI-compatible upstreams).
+    discover: bool = True
 
 
 @dataclass
@@ -96,6 +99,8 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
     started = time.perf_counter()
     request_id: str = request.state.request_id
     upstream = dialect.upstream(runtime, request, request_id)
+    if dialect.discover:
+        await runtime.discover(chat.model, upstream.headers)
     plan = await dialect.plan(runtime, chat, upstream)
     metrics.GATEWAY_OVERHEAD.observe(time.perf_counter() - started)
 
@@ -103,22 +108,24 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
     retried = False
     first_overflow = attempt.overflow
     retry_plan = None
+    believed = None
     if first_overflow is not None and chat.mode != "off":
-        await runtime.learn_from_overflow(chat.model, first_overflow)
-        retry_plan = await dialect.retry(runtime, chat, plan, first_overflow)
+        believed = runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, plan, first_overflow))
+        retry_plan = await dialect.retry(runtime, chat, plan, first_overflow, believed)
     if first_overflow is not None and retry_plan is not None:
         retried = True
         attempt.reply.close()
         attempt = await _send(runtime, chat, retry_plan, upstream, dialect)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
+            runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
             attempt.reply.close()
             raise GatewayError(
                 400,
                 "The upstream rejected the prompt as longer than the model's context window twice: "
                 f"first with {plan.tokens_after} tokens (as counted by the gateway), then after compressing "
                 f"to {retry_plan.tokens_after} tokens"
-                + (f" for a stated window of {first_overflow.window} tokens" if first_overflow.window else "")
+                + (f" for a stated window of {believed} tokens" if believed else "")
                 + ".",
                 param=chat.wire.prompt_field,
                 code="context_length_exceeded",
@@ -127,6 +134,8 @@ async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) 
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
+    if attempt.reply.status == 200 and chat.mode != "off" and final_plan.calibrate:
+        runtime.learn_from_success(chat.model, demand(chat, final_plan))
     headers = to_client(
         attempt.reply.headers, request_id=request_id, extra=gateway_headers(final_plan, retried=retried)
     )

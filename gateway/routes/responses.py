@@ -117,9 +117,11 @@ async def _measure(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else None
 
 
-async def _retry(runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow) -> Plan | None:
+async def _retry(
+    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow, believed: int | None
+) -> Plan | None:
     if not server_state(chat):
-        return await compressed_retry(runtime, chat, sent, overflow)
+        return await compressed_retry(runtime, chat, sent, overflow, believed)
     if not _truncating(runtime, chat) or SERVER_TRUNCATION in sent.stages:
         return None
     return _truncated_plan(chat, sent.budget, sent.tokens_before)

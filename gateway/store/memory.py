@@ -23,6 +23,15 @@ class MemoryStore:
         expires_at = time.monotonic() + ttl_seconds if ttl_seconds else None
         self._values[key] = (value, expires_at)
 
+    async def delete(self, key: str) -> bool:
+        return self._values.pop(key, None) is not None
+
+    async def keys(self, prefix: str, limit: int) -> list[str]:
+        live = [
+            key for key in list(self._values) if key.startswith(prefix) and await self.get(key) is not None
+        ]
+        return live[:limit]
+
     async def ping(self) -> bool:
         return True
 

@@ -7,7 +7,10 @@
   turns into tokens; `images.py`, `media.py`: attachments;
 - `encodings.py`: tokenizer and constants per model family, `warm_up()`;
 - `cache.py`: per-message count cache; `calibration.py`: learned factors;
-- `windows.py`: context windows and the usable prompt budget.
+- `windows.py`: context-window resolution and the usable prompt budget;
+  `model_names.py`: the model map under the names apps send; `learned_windows.py`:
+  windows learned from overflow errors; `discovery.py`: windows the upstream states;
+  `expiring.py`: the bounded, expiring per-model map they share.
 """
 
 from gateway.tokens.calibration import Calibration
@@ -18,8 +21,8 @@ from gateway.tokens.counter import (
     counter_for,
 )
 from gateway.tokens.encodings import warm_up
+from gateway.tokens.learned_windows import LearnedWindows
 from gateway.tokens.windows import (
-    LearnedWindows,
     ModelMap,
     ResolvedWindow,
     WindowResolver,

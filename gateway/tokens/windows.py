@@ -1,24 +1,29 @@
 """Context windows: how many tokens a model accepts, where that number came from,
 and how much of it the prompt may use.
 
-Resolution order (`WindowResolver.resolve_window`):
+Resolution order (`WindowResolver.resolve_window`), first answer wins:
 
-1. `config`: an explicit override from the operator's configuration;
-2. `learned`: a window taught by an upstream "context length exceeded" error
-   for that model, persisted in the store (`LearnedWindows`);
-3. `model_map`: litellm's bundled model map (`max_input_tokens`, else
-   `max_tokens`), read as JSON without importing litellm (seconds of import
-   and ~165 MB, against ~0.03 s and a small dict of ints here);
-4. `unknown`: no number; the caller forwards as is and learns from errors.
+1. `config`: the operator's `models.<name>.context_window` (the name as sent, then with
+   provider prefixes stripped, then in lower case);
+2. `learned`: a window an upstream overflow error stated and the gateway judged plausible
+   (`learned_windows.py`), shared through the store, expiring;
+3. `bisected`: no window stated, but the upstream refused some demand and accepted a
+   smaller one: the estimate between them (`learned_windows.Evidence.estimate`);
+4. `discovered`: what the upstream's own model endpoints state (`discovery.py`);
+5. `model_map`: litellm's bundled model map, found under the spelling apps send
+   (`model_names.py`), read as JSON without importing litellm (seconds of import and
+   ~165 MB, against ~0.1 s and a few MB here);
+6. `unknown`: no number; the request is forwarded as is and the window is learned from
+   the upstream's overflow error.
 
-Config and model-map lookups try the name as given, then with provider
-prefixes stripped one at a time (`openrouter/openai/gpt-4o` → `openai/gpt-4o`
-→ `gpt-4o`), then the same in lower case.
+Learned and discovered windows beat the model map: they are what this upstream serves
+(a vLLM with a shorter `--max-model-len`, an Ollama `num_ctx`), not the model's maximum.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +32,25 @@ from typing import Any, Final, Literal
 import orjson
 
 from gateway.offline import litellm_package_dir
-from gateway.store.base import Store
+from gateway.tokens.discovery import Discovered
+from gateway.tokens.expiring import ExpiringLRU
+from gateway.tokens.learned_windows import LearnedWindows
+from gateway.tokens.model_names import ModelNameIndex, first_suffix_match
 
 MODEL_MAP_FILE: Final = "model_prices_and_context_window_backup.json"
+# Resolutions of names against config and the model map, kept per resolver (bounded: names
+# come from clients).
+STATIC_CACHE_SIZE: Final = 4096
 
-WindowSource = Literal["config", "learned", "model_map", "unknown"]
+WindowSource = Literal["config", "learned", "bisected", "discovered", "model_map", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)
 class ResolvedWindow:
     tokens: int | None
     source: WindowSource
+    # How it was found: the model-map match level, or the server that stated it.
+    detail: str = ""
 
 
 def _positive_int(value: object) -> int | None:
@@ -45,55 +58,38 @@ def _positive_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def candidate_names(model: str) -> list[str]:
-    """`a/b/c` → [`a/b/c`, `b/c`, `c`], then lower-case variants, without repeats."""
-    names: list[str] = []
-    for spelling in (model, model.lower()):
-        parts = spelling.split("/")
-        for start in range(len(parts)):
-            name = "/".join(parts[start:])
-            if name and name not in names:
-                names.append(name)
-    return names
-
-
-def _first(table: Mapping[str, int], model: str) -> int | None:
-    for name in candidate_names(model):
-        window = table.get(name)
-        if window is not None:
-            return window
-    return None
-
-
 class ModelMap:
-    """Windows from litellm's local model map, loaded lazily once.
+    """Windows from litellm's local model map, indexed once (see `model_names.py`).
 
-    Only `name → window` is kept: the parsed 3 MB JSON (~18 MB of objects)
-    is dropped as soon as the windows are extracted.
+    The parsed 3 MB JSON (~18 MB of objects) is dropped as soon as the index is built.
     """
 
     def __init__(self, path: Path | None = None) -> None:
         self._path = path
-        self._windows: dict[str, int] | None = None
+        self._index: ModelNameIndex | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_windows(cls, windows: Mapping[str, int]) -> ModelMap:
         model_map = cls()
-        model_map._windows = dict(windows)
+        model_map._index = ModelNameIndex.from_windows(windows)
         return model_map
 
     def get(self, model: str) -> int | None:
-        return _first(self.windows(), model)
+        match = self.index().lookup(model)
+        return None if match is None else match.window
 
-    def windows(self) -> dict[str, int]:
-        if self._windows is None:
+    def windows(self) -> Mapping[str, int]:
+        return self.index().windows
+
+    def index(self) -> ModelNameIndex:
+        if self._index is None:
             with self._lock:
-                if self._windows is None:
-                    self._windows = self._load()
-        return self._windows
+                if self._index is None:
+                    self._index = ModelNameIndex(self._load())
+        return self._index
 
-    def _load(self) -> dict[str, int]:
+    def _load(self) -> dict[str, Any]:
         path = self._path
         if path is None:
             package_dir = litellm_package_dir()
@@ -104,50 +100,7 @@ class ModelMap:
             data = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return {}
-        return extract_windows(data) if isinstance(data, dict) else {}
-
-
-def extract_windows(entries: Mapping[str, Any]) -> dict[str, int]:
-    """`max_input_tokens`, else `max_tokens`, for every entry that has a usable one."""
-    windows: dict[str, int] = {}
-    for name, entry in entries.items():
-        if isinstance(entry, dict):
-            window = _positive_int(entry.get("max_input_tokens")) or _positive_int(entry.get("max_tokens"))
-            if window is not None:
-                windows[name] = window
-    return windows
-
-
-def window_store_key(model: str) -> str:
-    return f"window:{model}"
-
-
-class LearnedWindows:
-    """Windows reported by upstream overflow errors, per model name as sent.
-
-    The latest report wins: it is the upstream's own statement of its limit.
-    """
-
-    def __init__(self) -> None:
-        self._windows: dict[str, int] = {}
-
-    def learn(self, model: str, window: int) -> None:
-        if _positive_int(window) is not None:
-            self._windows[model] = window
-
-    def get(self, model: str) -> int | None:
-        return self._windows.get(model)
-
-    async def load(self, store: Store, model: str) -> None:
-        raw = await store.get(window_store_key(model))
-        window = _positive_int(int(raw)) if raw is not None and raw.strip().isdigit() else None
-        if window is not None:
-            self._windows[model] = window
-
-    async def save(self, store: Store, model: str) -> None:
-        window = self._windows.get(model)
-        if window is not None:
-            await store.set(window_store_key(model), str(window))
+        return data if isinstance(data, dict) else {}
 
 
 class WindowResolver:
@@ -156,27 +109,82 @@ class WindowResolver:
         overrides: Mapping[str, int] | None = None,
         learned: LearnedWindows | None = None,
         model_map: ModelMap | None = None,
+        discovered: ExpiringLRU[Discovered | None] | None = None,
     ) -> None:
         overrides = overrides or {}
         self._overrides = {name: window for name, window in overrides.items() if _positive_int(window)}
+        self._override_segments = 1 + max((name.count("/") for name in self._overrides), default=0)
         self.learned = LearnedWindows() if learned is None else learned
         self.model_map = ModelMap() if model_map is None else model_map
+        self.discovered: ExpiringLRU[Discovered | None] = (
+            ExpiringLRU(STATIC_CACHE_SIZE) if discovered is None else discovered
+        )
+        self._static: OrderedDict[str, ResolvedWindow] = OrderedDict()
 
     def known(self, model: str) -> bool:
-        """Named in the configuration or in litellm's map: a bounded set of names."""
-        return _first(self._overrides, model) is not None or self.model_map.get(model) is not None
+        """Named, exactly, in the configuration or in litellm's map: a bounded set of names
+        (the fuzzy spellings `resolve_window` accepts are not: any number of them match)."""
+        return model in self._overrides or model in self.model_map.windows()
 
     def resolve_window(self, model: str) -> ResolvedWindow:
-        configured = _first(self._overrides, model)
+        static = self._resolve_static(model)
+        if static.source == "config":
+            return static
+        evidence = self.learned.get(model)
+        if evidence is not None:
+            if evidence.stated is not None:
+                return ResolvedWindow(evidence.stated, "learned", "stated by an overflow error")
+            estimate = evidence.estimate()
+            if estimate is not None:
+                return ResolvedWindow(
+                    estimate, "bisected", "converged" if evidence.converged() else "probing"
+                )
+        found = self.discovered.get(model)
+        if found is not None:
+            return ResolvedWindow(found.window, "discovered", found.server)
+        return static
+
+    def reference_window(self, model: str) -> int | None:
+        """What the model is known to have apart from overflow errors: config, discovered, map."""
+        static = self._resolve_static(model)
+        if static.source == "config":
+            return static.tokens
+        found = self.discovered.get(model)
+        return found.window if found is not None else static.tokens
+
+    def configured(self, model: str) -> int | None:
+        return first_suffix_match(self._overrides, model, self._override_segments)
+
+    def _resolve_static(self, model: str) -> ResolvedWindow:
+        """Config, else the model map: pure functions of the name, so cached (LRU)."""
+        cached = self._static.get(model)
+        if cached is not None:
+            self._static.move_to_end(model)
+            return cached
+        configured = self.configured(model)
         if configured is not None:
-            return ResolvedWindow(configured, "config")
-        learned = self.learned.get(model)
-        if learned is not None:
-            return ResolvedWindow(learned, "learned")
-        mapped = self.model_map.get(model)
-        if mapped is not None:
-            return ResolvedWindow(mapped, "model_map")
-        return ResolvedWindow(None, "unknown")
+            resolved = ResolvedWindow(configured, "config")
+        else:
+            match = self.model_map.index().lookup(model)
+            resolved = (
+                ResolvedWindow(None, "unknown")
+                if match is None
+                else ResolvedWindow(match.window, "model_map", match.level)
+            )
+        self._static[model] = resolved
+        if len(self._static) > STATIC_CACHE_SIZE:
+            self._static.popitem(last=False)
+        return resolved
+
+
+def requested_output(body: Mapping[str, Any]) -> int | None:
+    """The request's `max_completion_tokens` or `max_tokens` (the larger, if a client sends both)."""
+    requested = [
+        value
+        for value in (_positive_int(body.get("max_completion_tokens")), _positive_int(body.get("max_tokens")))
+        if value is not None
+    ]
+    return max(requested) if requested else None
 
 
 # With no max_tokens in the request, reserve at most this fraction (1/N) of the window.
@@ -191,13 +199,9 @@ def output_reserve(body: Mapping[str, Any], default: int, window: int | None = N
     let the answer take whatever the prompt leaves, and a fixed 4096 would
     eat half of an 8k local model's window for an answer nobody asked for.
     """
-    requested = [
-        value
-        for value in (_positive_int(body.get("max_completion_tokens")), _positive_int(body.get("max_tokens")))
-        if value is not None
-    ]
-    if requested:
-        return max(requested)
+    requested = requested_output(body)
+    if requested is not None:
+        return requested
     return default if window is None else min(default, window // UNSTATED_RESERVE_DIVISOR)
 
 

@@ -317,5 +317,9 @@ def model_object(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "system"}
 
 
-def model_list() -> dict[str, Any]:
-    return {"object": "list", "data": [model_object(name) for name in MODELS]}
+def model_list(cards: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """OpenAI's list; ``cards`` adds served models with their servers' own fields
+    (vLLM's `max_model_len`, OpenRouter's `context_length`, ...)."""
+    served = [model_object(name) for name in MODELS]
+    served += [{**model_object(name), **fields} for name, fields in (cards or {}).items()]
+    return {"object": "list", "data": served}

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -41,8 +42,12 @@ def _url(host: str, port: int) -> str:
 
 
 @contextmanager
-def serve_in_thread(app: ASGIApp, host: str = "127.0.0.1", *, loop: str = "asyncio") -> Iterator[str]:
+def serve_in_thread(
+    app: ASGIApp, host: str = "127.0.0.1", *, loop: str = "asyncio", **options: Any
+) -> Iterator[str]:
     """Run `app` under uvicorn in a daemon thread; yield its base URL ("http://127.0.0.1:PORT").
+
+    ``options`` are further uvicorn settings (the gateway's come from `gateway.server.run.server_options`).
 
     The socket is bound here, before the thread starts, so the port is known
     without a race and no other process can take it in between.
@@ -52,10 +57,10 @@ def serve_in_thread(app: ASGIApp, host: str = "127.0.0.1", *, loop: str = "async
     config = uvicorn.Config(
         app,
         loop=loop,
-        http="httptools",
         lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        **{"http": "httptools", **options},
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(

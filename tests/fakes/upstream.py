@@ -16,7 +16,9 @@ Routes
                                   cache_control limit, both overflow wordings; JSON or SSE
     POST   /v1/messages/count_tokens   {"input_tokens": N}
     POST   /v1/embeddings         deterministic unit vectors (floats or base64)
-    GET    /v1/models, /v1/models/{id}
+    GET    /v1/models, /v1/models/{id}   with `model_cards`: served models and their windows
+    POST   /api/show, GET /api/ps         Ollama's native API, when `ollama_models` is set
+    GET    /props                         llama.cpp's server properties, when `llamacpp_props` is set
     DELETE /v1/files/{id}
     anything else                 404 "Invalid URL (METHOD /path)"; a known path with
                                   the wrong method gets 405 "Invalid method for URL (...)"
@@ -110,6 +112,17 @@ class FakeUpstream:
     retry_after: float = 1.0
     hang_seconds: float = 60.0
     truncate_to: int = 2048
+    stated_window: int | None = None
+    """The window overflow errors state when it is not the real one: an upstream echoing some
+    other number ("maximum context length is 20 tokens")."""
+    model_cards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Served models listed by GET /v1/models with their server's own fields:
+    {"m": {"max_model_len": 4096}} (vLLM, SGLang), {"m": {"context_length": 8192}} (OpenRouter)."""
+    ollama_models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Ollama's native API per model name: {"m:8b": {"show": <POST /api/show body>, "ps": <GET
+    /api/ps entry>, or only one}}. Empty: /api/* answers 404 like any non-Ollama server."""
+    llamacpp_props: dict[str, Any] | None = None
+    """llama.cpp's GET /props body; None: 404."""
     log_requests: bool = True
     """Keep every request in `received`; off for long benchmark runs, where it would grow without bound."""
 
@@ -194,6 +207,7 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
     too_long = fake.window is not None and prompt + reserved > fake.window
     if call.fault is Fault.OVERFLOW or (too_long and call.fault is not Fault.TRUNCATE):
         window = fake.window if fake.window is not None else max(1, prompt - 1)
+        window = window if fake.stated_window is None else fake.stated_window
         payload = errors.overflow(
             fake.overflow_style, window=window, prompt_tokens=prompt, completion_tokens=reserved
         )
@@ -356,15 +370,44 @@ def embeddings(fake: FakeUpstream, call: Call) -> Reply:
 
 
 def list_models(fake: FakeUpstream, call: Call) -> Reply:
-    return json_reply(200, answers.model_list())
+    return json_reply(200, answers.model_list(fake.model_cards))
 
 
 def retrieve_model(fake: FakeUpstream, call: Call) -> Reply:
     name = call.path_params["model"]
+    if name in fake.model_cards:
+        return json_reply(200, {**answers.model_object(name), **fake.model_cards[name]})
     if name not in answers.MODELS:
         message = f"The model `{name}` does not exist or you do not have access to it."
         return _error(404, message, param="model", code="model_not_found")
     return json_reply(200, answers.model_object(name))
+
+
+def ollama_show(fake: FakeUpstream, call: Call) -> Reply:
+    if not fake.ollama_models:
+        return invalid_url(fake, call)
+    name = call.json.get("model") if isinstance(call.json, dict) else None
+    model = fake.ollama_models.get(str(name)) or fake.ollama_models.get(f"{name}:latest")
+    if model is None or "show" not in model:
+        return json_reply(404, {"error": f"model '{name}' not found"})
+    return json_reply(200, model["show"])
+
+
+def ollama_ps(fake: FakeUpstream, call: Call) -> Reply:
+    if not fake.ollama_models:
+        return invalid_url(fake, call)
+    loaded = [
+        {"name": name, "model": name, **model["ps"]}
+        for name, model in fake.ollama_models.items()
+        if "ps" in model
+    ]
+    return json_reply(200, {"models": loaded})
+
+
+def llamacpp_props(fake: FakeUpstream, call: Call) -> Reply:
+    if fake.llamacpp_props is None:
+        return invalid_url(fake, call)
+    return json_reply(200, fake.llamacpp_props)
 
 
 def delete_file(fake: FakeUpstream, call: Call) -> Reply:
@@ -571,6 +614,9 @@ def create_app(fake: FakeUpstream) -> Starlette:
             route("/v1/models", {"GET": list_models}),
             route("/v1/models/{model:path}", {"GET": retrieve_model}),
             route("/v1/files/{file_id}", {"DELETE": delete_file}),
+            route("/api/show", {"POST": ollama_show}),
+            route("/api/ps", {"GET": ollama_ps}),
+            route("/props", {"GET": llamacpp_props}),
             route("/{path:path}", {}, otherwise=invalid_url),
         ],
         lifespan=_lifespan,

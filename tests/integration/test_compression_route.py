@@ -150,7 +150,7 @@ def test_prompt_that_cannot_fit_is_refused_with_numbers(
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
     assert "budget" in error["message"] and any(ch.isdigit() for ch in error["message"])
     assert answer.headers["x-gateway-compression"] == "refused"
-    assert fake_upstream.received == []
+    assert fake_upstream.requests_to("/v1/chat/completions") == []
 
 
 @pytest.mark.parametrize("mode", ["auto", "aggressive"])

@@ -46,15 +46,18 @@ KEY = "sk-test-caller-0123456789abcdef"
 CHAT = "/v1/chat/completions"
 QUESTION: list[Any] = [{"role": "user", "content": "Name three rivers in Europe, please, one per line."}]
 ANSWER = "echo: Name three rivers in Europe, please, one per line."
-# Small timeouts and backoff so every fault resolves in well under a second.
+# Small timeouts and backoff so every fault resolves in about a second. The fake's hangs and
+# stalls last longer (3 s) than these timeouts, and a healthy fake answers far faster, so which
+# side gave up is told by the answer itself (the gateway's own 504 or error event, where the fake
+# would have finished), never by a wall-clock bound: the machine is shared and noisy.
 FAST = {
-    "GATEWAY_UPSTREAM_TIMEOUTS_IDLE": "0.5",
-    "GATEWAY_UPSTREAM_TIMEOUTS_FIRST_BYTE": "0.5",
+    "GATEWAY_UPSTREAM_TIMEOUTS_IDLE": "1",
+    "GATEWAY_UPSTREAM_TIMEOUTS_FIRST_BYTE": "1",
     "GATEWAY_UPSTREAM_RETRIES_BACKOFF_INITIAL": "0.01",
     "GATEWAY_UPSTREAM_RETRIES_BACKOFF_MAX": "0.05",
 }
-# "Did not hang": generous bounds, never a performance claim.
-NO_HANG = 5.0
+# How long a caller thread may take before the test calls it stuck (a join bound, not a claim).
+NO_HANG = 20.0
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -129,12 +132,10 @@ def test_refused_connection_is_502_after_bounded_attempts(start_gateway: Gateway
         GATEWAY_UPSTREAM_BASE_URL=f"http://127.0.0.1:{free_port()}/v1",
         GATEWAY_UPSTREAM_RETRIES_MAX_ATTEMPTS="4",
     )
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert caught.value.status_code == 502
     assert caught.value.code == "upstream_unreachable"
-    assert time.monotonic() - started < NO_HANG
 
 
 def test_refused_then_listening_is_retried_until_it_answers(start_gateway: GatewayFactory) -> None:
@@ -204,7 +205,7 @@ def test_connect_timeout_is_retried_then_504(start_gateway: GatewayFactory) -> N
     assert caught.value.code == "upstream_timeout"
     assert "0.3 s" in caught.value.message
     # Three connect attempts of 0.3 s each (a connection never made is safe to retry), then 504.
-    assert 0.85 <= elapsed < NO_HANG
+    assert elapsed >= 0.85  # a lower bound: a loaded machine only makes it longer
 
 
 # --- retryable statuses ---------------------------------------------------------------------
@@ -256,14 +257,12 @@ def test_retries_stop_at_the_total_time_bound(
         GATEWAY_UPSTREAM_RETRIES_BACKOFF_INITIAL="0.1",
         GATEWAY_UPSTREAM_RETRIES_BACKOFF_MAX="1",
     )
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert caught.value.status_code == 503
     # Exponential backoff with full jitter (means 0.05, 0.1, 0.2, 0.4 … s) runs out of the
     # 0.5 s well before 50 attempts; no sleep is started that would end past the bound.
     assert 2 <= _hits(fake_upstream) < 15
-    assert time.monotonic() - started < NO_HANG
 
 
 def test_429_waits_retry_after_then_succeeds(
@@ -285,10 +284,8 @@ def test_429_with_retry_after_beyond_the_cap_goes_to_the_client(
     fake_upstream.retry_after = 30
     url = start_gateway(**FAST, GATEWAY_UPSTREAM_RETRIES_RETRY_AFTER_CAP="1")
     retries_before = _metric(url, "gateway_upstream_retries_total")
-    started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
-    assert time.monotonic() - started < NO_HANG  # not waited out
     assert caught.value.code == "rate_limit_exceeded"
     assert caught.value.response.headers["retry-after"] == "30"  # the client can wait it out itself
     assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
@@ -352,10 +349,8 @@ def test_hang_before_first_byte_is_504_and_not_retried(
     fake_upstream.faults = ["hang"]
     fake_upstream.hang_seconds = 3
     url = start_gateway(**FAST)
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION, stream=stream)
-    assert time.monotonic() - started < 2.5  # the gateway gave up, not the fake
     assert caught.value.status_code == 504
     assert caught.value.code == "upstream_timeout"
     assert _hits(fake_upstream) == 1
@@ -369,10 +364,8 @@ def test_total_timeout_bounds_the_wait_for_headers(
     fake_upstream.faults = ["hang"]
     fake_upstream.hang_seconds = 3
     url = start_gateway(GATEWAY_UPSTREAM_TIMEOUTS_TOTAL="0.5")  # first_byte stays at its 600 s default
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
-    assert time.monotonic() - started < 2.5
     assert caught.value.status_code == 504
     assert caught.value.code == "upstream_timeout"
     assert _hits(fake_upstream) == 1
@@ -396,10 +389,8 @@ def test_json_body_stalled_midway_is_504(fake_upstream: FakeUpstream, start_gate
     fake_upstream.faults = ["stall"]
     fake_upstream.hang_seconds = 3
     url = start_gateway(**FAST)
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
-    assert time.monotonic() - started < 2.5
     assert caught.value.status_code == 504
     assert caught.value.code == "upstream_timeout"
     assert _hits(fake_upstream) == 1
@@ -424,9 +415,7 @@ def test_stream_stalled_midway_ends_with_an_error_event_and_closes_upstream(
     fake_upstream.faults = ["stall"]
     fake_upstream.hang_seconds = 3
     url = start_gateway(**FAST)
-    started = time.monotonic()
     text, error = _partial_stream_error(url)
-    assert time.monotonic() - started < 2.5  # idle timeout 0.5 s, not the fake's 3 s stall
     assert text and ANSWER.startswith(text) and text != ANSWER
     assert error.code == "upstream_idle_timeout"
     assert _hits(fake_upstream) == 1
@@ -459,11 +448,9 @@ def test_broken_stream_is_closed_cleanly_on_the_wire(
 def test_stream_running_past_the_total_timeout_is_cut_with_an_error_event(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
-    fake_upstream.chunk_delay = 0.2  # steady chunks, never idle for 0.5 s
+    fake_upstream.chunk_delay = 0.2  # steady chunks, never idle for the 1 s idle timeout
     url = start_gateway(**FAST, GATEWAY_UPSTREAM_TIMEOUTS_TOTAL="1")
-    started = time.monotonic()
     text, error = _partial_stream_error(url)
-    assert time.monotonic() - started < 3
     assert text and text != ANSWER
     assert error.code == "upstream_idle_timeout"
     assert "total time limit" in error.message

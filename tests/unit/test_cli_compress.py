@@ -67,3 +67,20 @@ def test_compress_refusal_is_reported(tmp_path: Path, capsys: pytest.CaptureFixt
     request.write_text(json.dumps(huge))
     assert main(["compress", "--model", "gpt-4o", "--budget", "100", str(request)]) == 1
     assert "cannot fit" in capsys.readouterr().err
+
+
+def test_compress_an_agent_loop_keeps_the_newest_result(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """The same engine as the route: a request ending on a tool result has its older steps compressed."""
+    body = _agent_body(10)
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    body["messages"] = messages[:-1]  # the loop goes on: no new user message, the newest result last
+    request = tmp_path / "loop.json"
+    request.write_bytes(orjson.dumps(body))
+    assert main(["compress", "--model", "gpt-4o", "--budget", "3000", str(request)]) == 0
+    sent = orjson.loads(capsysbinary.readouterr().out)["messages"]
+    assert validate_chat_messages(sent) is None
+    assert sent[:2] == messages[:2] and sent[-2:] == messages[-3:-1]
+    assert "omitted" in sent[3]["content"]

@@ -62,3 +62,29 @@ def test_without_any_user_message_the_last_unit_is_protected() -> None:
     ]
     assert [u.protected for u in group_units(messages)] == [True, False, True]
     assert group_units([]) == []
+
+
+def test_units_after_the_latest_user_message_are_steps() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "old question"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a")]},
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b", "content": "2"}]},
+        {"role": "system", "content": "mid-loop instruction"},
+        {"role": "assistant", "content": None, "tool_calls": [call("c")]},  # pending: no answer yet
+    ]
+    units = group_units(messages)
+    assert [(u.start, u.step) for u in units] == [
+        (0, False),
+        (1, False),
+        (2, False),  # a tool round of an older turn is not a step
+        (4, False),  # the task itself
+        (5, True),
+        (7, False),  # a system message stays protected, never a step
+        (8, True),
+    ]
+    # Without any user message there is no turn, so no steps.
+    assert not any(u.step for u in group_units(messages[2:4]))

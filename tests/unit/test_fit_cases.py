@@ -39,6 +39,19 @@ def agent_turn(turn: int, result_lines: int = 400) -> list[dict[str, Any]]:
     ]
 
 
+def prefix_shares(outputs: list[list[dict[str, Any]]]) -> list[float]:
+    """Per request, the share of its prompt (in tokens) that is an identical message prefix of the next."""
+    shares = []
+    for before, after in itertools.pairwise(outputs):
+        same = 0
+        for x, y in zip(before, after, strict=False):
+            if x != y:
+                break
+            same += 1
+        shares.append(COUNTER.messages(before[:same]) / COUNTER.messages(before))
+    return shares
+
+
 def test_empty_list_fits_or_refuses() -> None:
     assert fit([], model=MODEL, budget_tokens=100).messages == []
     with pytest.raises(ContextBudgetExceeded):
@@ -184,14 +197,7 @@ def test_growing_conversation_shares_long_prefixes() -> None:
         history.append({"role": "assistant", "content": prose(100)})
         request = [*history, {"role": "user", "content": f"next {turn}"}]
         outputs.append(fit(request, model=MODEL, budget_tokens=budget).messages)
-    shares = []
-    for before, after in itertools.pairwise(outputs):
-        same = 0
-        for a, b in zip(before, after, strict=False):
-            if a != b:
-                break
-            same += 1
-        shares.append(COUNTER.messages(before[:same]) / COUNTER.messages(before))
+    shares = prefix_shares(outputs)
     assert sum(shares) / len(shares) >= 0.9
 
 
@@ -281,12 +287,5 @@ def test_growing_conversation_with_images_never_moves_the_cut_back() -> None:
         history += [user, {"role": "assistant", "content": prose(150)}]
     dropped = [result.messages_dropped for result in results]
     assert dropped == sorted(dropped) and dropped[-1] > 0
-    shares = []
-    for before, after in itertools.pairwise(r.messages for r in results):
-        same = 0
-        for a, b in zip(before, after, strict=False):
-            if a != b:
-                break
-            same += 1
-        shares.append(COUNTER.messages(before[:same]) / COUNTER.messages(before))
+    shares = prefix_shares([r.messages for r in results])
     assert sum(shares) / len(shares) >= 0.65  # 0.61 when the cut follows the latest turn back

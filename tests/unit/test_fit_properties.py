@@ -4,6 +4,9 @@ Texts are built from a drawn seed and length (cheap to generate even when
 huge) out of English words, Chinese, numbers, identifiers and log-like lines.
 Every message carries an unknown field `x_id` (its input position), which
 lets tests check that unknown fields survive and that order is preserved.
+Whether a result fits is judged by an independent counter (the fake
+upstream's, and the cookbook's arithmetic for tool definitions), not by the
+gateway's own; tool definitions count against the budget.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from hypothesis import strategies as st
 
 import gateway  # noqa: F401  (offline tiktoken)
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, FitResult, fit
-from gateway.compress.units import is_user_input
+from gateway.compress.units import group_units, is_user_input
 from gateway.tokens.counter import counter_for
+from tests.fakes.tokens import REPLY_PRIMING, count_message, count_text
 from tests.fakes.validation import validate_chat_messages
+from tests.unit.test_tokens_counter import cookbook_function_tokens
 
 WORDS = [
     "the",
@@ -150,16 +155,64 @@ def conversations(draw: st.DrawFn, max_turns: int = 8, texts: Texts = texts) -> 
     return messages
 
 
+@st.composite
+def tool_definitions(draw: st.DrawFn) -> list[dict[str, Any]] | None:
+    """None, or flat function tools with drawn names, descriptions and parameters."""
+    if draw(st.booleans()):
+        return None
+    tools = []
+    for k in range(draw(st.integers(1, 4))):
+        properties = {
+            f"arg{p}": {
+                "type": draw(st.sampled_from(["string", "integer"])),
+                "description": draw(short_texts),
+            }
+            for p in range(draw(st.integers(0, 3)))
+        }
+        function = {"name": f"tool_{k}", "description": draw(short_texts), "parameters": {}}
+        if properties:
+            function["parameters"] = {"type": "object", "properties": properties}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+@st.composite
+def agent_loops(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A conversation (maybe empty) followed by a task and 1–25 tool steps answering it."""
+    messages = draw(conversations(max_turns=3))
+    while messages and not (messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")):
+        messages.pop()  # end on a finished turn: the loop's task is the latest user message
+    style = draw(st.sampled_from(["openai", "anthropic"]))
+    messages.append({"role": "user", "content": draw(user_content())})
+    make = openai_round if style == "openai" else anthropic_round
+    for step in range(draw(st.integers(1, 25))):
+        messages += draw(make(100 + step, answered=True))
+    for position, message in enumerate(messages):
+        message["x_id"] = position
+    return messages
+
+
 # -- properties ----------------------------------------------------------------
 
 MODEL = "gpt-4o"
 COUNTER = counter_for(MODEL)
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A fixed profile: enough examples to reach the drop and protected stages, no deadline (CI is shared).
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def fit_or_refuse(messages: list[dict[str, Any]], budget: int) -> FitResult | None:
+def reference_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """The prompt's tokens by the independent counter (it leaves images and reasoning out: a lower bound)."""
+    total = sum(count_message(m) for m in messages) + REPLY_PRIMING
+    if tools:
+        total += sum(cookbook_function_tokens(t["function"], count_text, 7) for t in tools) + 12
+    return total
+
+
+def fit_or_refuse(
+    messages: list[dict[str, Any]], budget: int, tools: list[dict[str, Any]] | None = None
+) -> FitResult | None:
     try:
-        return fit(messages, model=MODEL, budget_tokens=budget)
+        return fit(messages, model=MODEL, budget_tokens=budget, tools=tools)
     except ContextBudgetExceeded as refused:
         assert refused.budget == budget
         assert refused.minimum > budget
@@ -172,24 +225,28 @@ def latest_user_id(messages: list[dict[str, Any]]) -> int | None:
 
 
 @SETTINGS
-@given(conversations(), st.floats(0.02, 1.2))
-def test_fit_invariants(messages: list[dict[str, Any]], share: float) -> None:
+@given(st.one_of(conversations(), agent_loops()), st.floats(0.02, 1.2), tool_definitions())
+def test_fit_invariants(
+    messages: list[dict[str, Any]], share: float, tools: list[dict[str, Any]] | None
+) -> None:
     original = copy.deepcopy(messages)
-    budget = max(1, int(COUNTER.messages(messages) * share))
-    result = fit_or_refuse(messages, budget)
+    size = COUNTER.messages(messages) + COUNTER.tools(tools)
+    budget = max(1, int(size * share))
+    result = fit_or_refuse(messages, budget, tools)
     assert messages == original, "input mutated"
     if result is None:
         return
 
-    # Fits, and the reported count is the real one.
-    assert result.tokens_after == COUNTER.messages(result.messages) <= budget
+    # Fits by an independent count, and the reported count is the gateway's real one.
+    assert reference_tokens(result.messages, tools) <= budget
+    assert result.tokens_after == COUNTER.messages(result.messages) + COUNTER.tools(tools) <= budget
     # Strict API validity: no new error (a pending tool call at the end is invalid on input too).
     if validate_chat_messages(messages) is None:
         assert validate_chat_messages(result.messages) is None
     # Order preserved and unknown fields kept: every non-marker message carries its x_id.
     ids = [m["x_id"] for m in result.messages if "x_id" in m]
     assert ids == sorted(set(ids))
-    assert sum("x_id" not in m for m in result.messages) <= 1  # at most the omission marker
+    assert sum("x_id" not in m for m in result.messages) <= 2  # the markers: older turns, older steps
     # System/developer messages and the latest user message are present.
     for message in messages:
         if message["role"] in ("system", "developer"):
@@ -198,15 +255,27 @@ def test_fit_invariants(messages: list[dict[str, Any]], share: float) -> None:
     if latest is not None:
         assert latest in ids
     # Untouched unless compression was needed.
-    if COUNTER.messages(messages) <= budget:
+    if size <= budget:
         assert result.messages == messages and result.stages == ()
     else:
         assert result.stages
+    # A trimmed protected message keeps at least the floor (or its whole size).
+    floor = CompressionOptions().protected_floor_tokens
+    by_id = {m["x_id"]: m for m in messages}
+    for message in result.messages:
+        if "x_id" in message and message != by_id[message["x_id"]]:
+            unit = _unit_of(messages, message["x_id"])
+            if unit is not None and unit.protected and not unit.step:
+                assert COUNTER.message(message) >= floor
     # Idempotent and deterministic.
-    again = fit(result.messages, model=MODEL, budget_tokens=budget)
+    again = fit(result.messages, model=MODEL, budget_tokens=budget, tools=tools)
     assert again.messages == result.messages and again.stages == ()
-    twice = fit(copy.deepcopy(messages), model=MODEL, budget_tokens=budget)
+    twice = fit(copy.deepcopy(messages), model=MODEL, budget_tokens=budget, tools=tools)
     assert orjson.dumps(twice.messages) == orjson.dumps(result.messages)
+
+
+def _unit_of(messages: list[dict[str, Any]], index: int) -> Any:
+    return next((u for u in group_units(messages) if u.start <= index < u.end), None)
 
 
 @SETTINGS
@@ -241,3 +310,55 @@ def test_aggressive_never_keeps_more_than_auto(messages: list[dict[str, Any]], s
     latest = latest_user_id(messages)
     if latest is not None:
         assert latest in [m["x_id"] for m in result.messages if "x_id" in m]
+
+
+def _steps(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The messages of each step of the latest turn, oldest first."""
+    return [messages[u.start : u.end] for u in group_units(messages) if u.step]
+
+
+def _result_texts(message: dict[str, Any]) -> list[str]:
+    if message["role"] == "tool":
+        return [message["content"]]
+    content = message.get("content")
+    if message["role"] == "user" and isinstance(content, list):
+        return [p["content"] for p in content if p.get("type") == "tool_result"]
+    return []
+
+
+@SETTINGS
+@given(agent_loops(), st.floats(0.05, 1.0), tool_definitions())
+def test_agent_loops_keep_the_newest_step_and_compress_oldest_first(
+    messages: list[dict[str, Any]], share: float, tools: list[dict[str, Any]] | None
+) -> None:
+    budget = max(1, int((COUNTER.messages(messages) + COUNTER.tools(tools)) * share))
+    result = fit_or_refuse(messages, budget, tools)
+    steps = _steps(messages)
+    newest = steps[-1]
+    others = [
+        m for u in group_units(messages) if u.protected and not u.step for m in messages[u.start : u.end]
+    ]
+    newest_size = sum(COUNTER.message(m) for m in newest)
+    rest = COUNTER.messages(others) + COUNTER.tools(tools) + 100  # + the two markers
+    if newest_size <= budget / 2 and rest <= budget / 2:
+        # Never refused, and the newest step is sent byte for byte (the very same objects).
+        assert result is not None
+        assert all(any(m is out for out in result.messages) for m in newest)
+    if result is None:
+        return
+    kept = {m["x_id"]: m for m in result.messages if "x_id" in m}
+    # Steps go oldest first: a kept step has every newer step kept.
+    present = [all(m["x_id"] in kept for m in step) for step in steps]
+    assert present == sorted(present)
+    # No step's result is cut while an older one at least 1.5 times its size is left whole.
+    cut_sizes = []
+    for step in reversed(steps):
+        for message in step:
+            if message["x_id"] not in kept:
+                continue
+            for text, new in zip(_result_texts(message), _result_texts(kept[message["x_id"]]), strict=True):
+                tokens = count_text(text)
+                if new != text:
+                    cut_sizes.append(tokens)
+                else:
+                    assert all(tokens < 1.5 * size for size in cut_sizes), "an older result left whole"

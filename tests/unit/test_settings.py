@@ -234,3 +234,38 @@ def test_startup_line_names_what_is_in_use_without_secrets() -> None:
     for secret in ("pw-upstream", "sk-org-secret", "pw-redis", "bob"):
         assert secret not in line
     assert "store memory" in startup_line(load_settings(None, {}), None)
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"GATEWAY_WINDOWS_DISCOVERY": "maybe"}, "windows.discovery must be true or false"),
+        ({"GATEWAY_WINDOWS_DISCOVERY_TIMEOUT": "3600"}, "windows.discovery_timeout must be at most 30"),
+        ({"GATEWAY_WINDOWS_DISCOVERY_TIMEOUT": "nan"}, "windows.discovery_timeout must be a finite number"),
+        ({"GATEWAY_WINDOWS_LEARNED_TTL_SECONDS": "-1"}, "windows.learned_ttl_seconds must not be negative"),
+        ({"GATEWAY_WINDOWS_LEARNED_TTL_SECONDS": "1e400"}, "windows.learned_ttl_seconds must be a number"),
+        (
+            {"GATEWAY_WINDOWS_MIN_PLAUSIBLE_WINDOW": "\x00\x1b[31m"},
+            "windows.min_plausible_window must be a number",
+        ),
+        ({"GATEWAY_WINDOWS_MAX_MODELS": "0"}, "windows.max_models must be at least 1"),
+        ({"GATEWAY_WINDOWS_MAX_MODELS": "9" * 5000}, "windows.max_models must be a number"),
+        ({"GATEWAY_WINDOWS_STORE_REFRESH_SECONDS": "[1]"}, "windows.store_refresh_seconds must be a number"),
+    ],
+)
+def test_window_settings_refuse_hostile_values(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(None, env)
+    assert fragment in str(raised.value)
+
+
+def test_window_settings_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text("windows:\n  discovery: false\n  learned_ttl_seconds: 600\n  max_models: 50\n")
+    windows = load_settings(path, {}).windows
+    assert (windows.discovery, windows.learned_ttl_seconds, windows.max_models) == (False, 600, 50)
+    path.write_text("windows:\n  discovery_timeout: {deep: {deeper: [1, 2]}}\n  unknown_key: 1\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(path, {})
+    assert "windows.discovery_timeout must be a number" in str(raised.value)
+    assert "unknown config key windows.unknown_key" in str(raised.value)

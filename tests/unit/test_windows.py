@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.store.memory import MemoryStore
+from gateway.tokens.learned_windows import Evidence, LearnedWindows
+from gateway.tokens.model_names import ModelNameIndex, suffixes
 from gateway.tokens.windows import (
-    LearnedWindows,
     ModelMap,
     ResolvedWindow,
     WindowResolver,
-    candidate_names,
-    extract_windows,
     output_reserve,
     usable_budget,
 )
@@ -23,32 +22,32 @@ from gateway.tokens.windows import (
 MAP = ModelMap.from_windows({"gpt-4o": 128_000, "openai/special": 50_000, "claude-x": 200_000})
 
 
+def _stated(window: int) -> Evidence:
+    return Evidence(stated=window, expires_at=time.time() + 60)
+
+
 def test_resolution_order() -> None:
     learned = LearnedWindows()
     resolver = WindowResolver({"gpt-4o": 64_000}, learned, MAP)
     assert resolver.resolve_window("gpt-4o") == ResolvedWindow(64_000, "config")
-    assert resolver.resolve_window("claude-x") == ResolvedWindow(200_000, "model_map")
-    learned.learn("claude-x", 180_000)
-    assert resolver.resolve_window("claude-x") == ResolvedWindow(180_000, "learned")
-    learned.learn("gpt-4o", 100_000)
+    assert resolver.resolve_window("claude-x") == ResolvedWindow(200_000, "model_map", "exact")
+    learned.put("claude-x", _stated(180_000))
+    assert resolver.resolve_window("claude-x").source == "learned"
+    assert resolver.resolve_window("claude-x").tokens == 180_000
+    learned.put("gpt-4o", _stated(100_000))
     assert resolver.resolve_window("gpt-4o") == ResolvedWindow(64_000, "config")  # config still wins
     assert resolver.resolve_window("mystery-model") == ResolvedWindow(None, "unknown")
 
 
 def test_provider_prefixes_are_stripped_progressively() -> None:
-    assert candidate_names("openrouter/openai/GPT-4o") == [
-        "openrouter/openai/GPT-4o",
-        "openai/GPT-4o",
-        "GPT-4o",
-        "openrouter/openai/gpt-4o",
-        "openai/gpt-4o",
-        "gpt-4o",
-    ]
+    assert suffixes("openrouter/openai/GPT-4o", 5) == ["openrouter/openai/GPT-4o", "openai/GPT-4o", "GPT-4o"]
+    # Suffixes longer than any key are never tried: linear work on hostile names.
+    assert suffixes("a/b/c/d", 2) == ["c/d", "d"]
     resolver = WindowResolver({"my-model": 8_000}, LearnedWindows(), MAP)
-    assert resolver.resolve_window("openrouter/openai/gpt-4o") == ResolvedWindow(128_000, "model_map")
-    assert resolver.resolve_window("azure/GPT-4o") == ResolvedWindow(128_000, "model_map")
+    assert resolver.resolve_window("openrouter/openai/gpt-4o").tokens == 128_000
+    assert resolver.resolve_window("azure/GPT-4o").tokens == 128_000
     # The longest matching suffix wins: `openai/special` before a bare `special`.
-    assert resolver.resolve_window("openrouter/openai/special") == ResolvedWindow(50_000, "model_map")
+    assert resolver.resolve_window("openrouter/openai/special").tokens == 50_000
     assert resolver.resolve_window("proxy/my-model") == ResolvedWindow(8_000, "config")
 
 
@@ -60,16 +59,16 @@ def test_invalid_overrides_are_ignored() -> None:
 
 def test_litellm_bundled_map() -> None:
     resolver = WindowResolver()
-    assert resolver.resolve_window("gpt-4o") == ResolvedWindow(128_000, "model_map")
-    assert resolver.resolve_window("openai/gpt-4o") == ResolvedWindow(128_000, "model_map")
+    assert resolver.resolve_window("gpt-4o") == ResolvedWindow(128_000, "model_map", "exact")
+    assert resolver.resolve_window("openai/gpt-4o").tokens == 128_000
     assert resolver.resolve_window("openrouter/openai/gpt-4o").tokens == 128_000
     # gpt-5: max_input_tokens (272000) wins over max_tokens (the 128000 output limit).
-    assert resolver.resolve_window("gpt-5") == ResolvedWindow(272_000, "model_map")
+    assert resolver.resolve_window("gpt-5").tokens == 272_000
     assert resolver.resolve_window("anthropic/claude-sonnet-4-5").tokens == 200_000
     assert resolver.resolve_window("no-such-model-xyz").source == "unknown"
 
 
-def test_extract_windows_prefers_max_input_tokens() -> None:
+def test_index_prefers_max_input_tokens_and_skips_junk() -> None:
     entries: dict[str, Any] = {
         "sample_spec": {
             "max_input_tokens": "max input tokens, if the provider specifies it",
@@ -82,17 +81,17 @@ def test_extract_windows_prefers_max_input_tokens() -> None:
         "zero": {"max_input_tokens": 0, "max_tokens": 2_048},
         "not-a-dict": 3,
     }
-    assert extract_windows(entries) == {"both": 272_000, "legacy": 4_096, "zero": 2_048}
+    assert dict(ModelNameIndex(entries).windows) == {"both": 272_000, "legacy": 4_096, "zero": 2_048}
 
 
 def test_model_map_file_is_loaded_lazily_once(tmp_path: Path) -> None:
     path = tmp_path / "map.json"
     path.write_text(json.dumps({"m": {"max_input_tokens": 1_000}}))
     model_map = ModelMap(path)
-    first = model_map.windows()
+    first = model_map.index()
     path.write_text(json.dumps({"m": {"max_input_tokens": 2_000}}))
     assert model_map.get("m") == 1_000
-    assert model_map.windows() is first
+    assert model_map.index() is first
 
 
 @pytest.mark.parametrize("content", [None, "{not json", "[1, 2]"])
@@ -101,33 +100,6 @@ def test_missing_or_broken_model_map_resolves_nothing(tmp_path: Path, content: s
     if content is not None:
         path.write_text(content)
     assert ModelMap(path).get("gpt-4o") is None
-
-
-async def test_learned_windows_persist_through_the_store() -> None:
-    store = MemoryStore()
-    learned = LearnedWindows()
-    learned.learn("m", 32_000)
-    learned.learn("m", 30_000)  # the latest report wins
-    learned.learn("m", -5)  # nonsense is ignored
-    await learned.save(store, "m")
-    assert await store.get("window:m") == "30000"
-
-    restored = LearnedWindows()
-    await restored.load(store, "m")
-    assert restored.get("m") == 30_000
-    await restored.load(store, "other")
-    assert restored.get("other") is None
-    await LearnedWindows().save(store, "other")
-    assert await store.get("window:other") is None
-
-
-@pytest.mark.parametrize("stored", ["", "abc", "-5", "0", "1.5"])
-async def test_malformed_learned_windows_are_ignored(stored: str) -> None:
-    store = MemoryStore()
-    await store.set("window:m", stored)
-    learned = LearnedWindows()
-    await learned.load(store, "m")
-    assert learned.get("m") is None
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,207 @@
+"""uvicorn's httptools protocol with the limits it lacks: connections, header size, slow clients.
+
+What uvicorn 0.5x offers and why it is not enough here (read from its source):
+
+- ``limit_concurrency`` answers 503 only once a request's headers are complete; connections
+  that never finish (or never start) a request are held without limit until the process runs
+  out of file descriptors. Here a connection beyond ``max_connections`` is never served: the
+  oldest idle connection (no request under way) is closed to make room, else the new one is.
+- ``h11_max_incomplete_event_size`` bounds headers for the h11 protocol only. httptools buffers
+  a header value whole before any callback sees it, so a 100 MB header is 100 MB of memory.
+  Here the bytes of unfinished headers are counted as they arrive: past ``max_header_bytes``
+  the connection answers 431 and closes, having buffered at most one read more than the limit.
+- ``timeout_keep_alive`` runs only between requests. Nothing bounds the time to send the
+  headers or the silence inside a body (slowloris). Here ``header_timeout`` bounds the time
+  from a request's first byte (or the connection's start) to the end of its headers, and
+  ``body_timeout`` the silence between two pieces of its body; either answers 408 and closes.
+
+A protocol subclass, not an ASGI middleware: ASGI sees a request only once its headers are
+complete, too late for all of the above. The subclass touches uvicorn through its parser
+callbacks and ``send_400_response`` (where a refused request ends), and costs one attribute
+write per body piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import error_body
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    max_header_bytes: int
+    header_timeout: float
+    body_timeout: float
+
+
+def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """A protocol class for one server: the limits and the idle-connection registry are its own."""
+
+    class Protocol(LimitedHttpToolsProtocol):
+        pass
+
+    Protocol.limits = limits
+    Protocol.idle = OrderedDict()
+    return Protocol
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    limits: ClassVar[ConnectionLimits]
+    # Connections with no request under way, oldest first: the ones to close when full.
+    idle: ClassVar[OrderedDict[LimitedHttpToolsProtocol, None]]
+
+    _refusal: int | None = None
+    _in_headers = False
+    _header_bytes = 0
+    _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _body_progress = 0.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
+            # Full of connections that are all mid-request: refuse this one at once, so file
+            # descriptors are never exhausted (the cap sits below RLIMIT_NOFILE, see run.py).
+            transport.abort()
+            return
+        super().connection_made(transport)
+        self.idle[self] = None
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:  # refused in connection_made
+            return
+        self.idle.pop(self, None)
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def _evict_idle(self) -> bool:
+        while self.idle:
+            oldest, _ = self.idle.popitem(last=False)
+            if not oldest.transport.is_closing():
+                oldest.transport.abort()
+                return True
+        return False
+
+    def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return
+        self.idle.pop(self, None)
+        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm_header_timer()  # a new request starts after a keep-alive pause
+        if self._in_headers:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        # Headers still unfinished past the limit: stop before the parser buffers more of them.
+        if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "The request's headers are larger than the gateway accepts.")
+
+    # Parser callbacks --------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        self._header_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        # Headers that arrived whole in one read are measured exactly here.
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self.limits.max_header_bytes:
+            self._refusal = 431
+            # Raising stops the parser; uvicorn then calls send_400_response, which answers 431.
+            raise HeadersTooLarge
+        super().on_headers_complete()
+        self._body_progress = self.loop.time()
+        self._body_timer = self.loop.call_later(self.limits.body_timeout, self._check_body)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_progress = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self.idle[self] = None
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refusal == 431:
+            self._write_refusal(431, "The request's headers are larger than the gateway accepts.")
+        else:
+            super().send_400_response(msg)
+
+    # Timers ------------------------------------------------------------------------------------
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.limits.header_timeout, self._header_timeout)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._in_headers:
+            self._refuse(408, "The request's headers did not arrive in time.")
+        elif not self.transport.is_closing():
+            self.transport.close()  # connected, never started a request
+
+    def _check_body(self) -> None:
+        self._body_timer = None
+        if self.cycle is None or not self.cycle.more_body or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if self.flow.read_paused:
+            # Reading is paused because the gateway has not taken the body yet: not the client's delay.
+            self._body_progress = now
+        due = self._body_progress + self.limits.body_timeout
+        if now < due:
+            self._body_timer = self.loop.call_at(due, self._check_body)
+        else:
+            self._refuse(408, "The request body stalled: nothing arrived for too long.")
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = None
+
+    # Refusals ----------------------------------------------------------------------------------
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` (unless an answer has started) and close the connection."""
+        self._refusal = status
+        if self.cycle is not None and not self.cycle.response_complete and self.cycle.response_started:
+            self.transport.close()
+        else:
+            self._write_refusal(status, message)
+
+    def _write_refusal(self, status: int, message: str) -> None:
+        self._refusal = status
+        self._cancel_timers()
+        if self.transport.is_closing():
+            return
+        body = error_body(message, type="invalid_request_error", code="request_rejected")
+        head = (
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))
+        )
+        self.transport.write(head + body)
+        self.transport.close()
+
+
+class HeadersTooLarge(Exception):
+    """Raised inside the parser's callback to stop it; never leaves the protocol."""

@@ -1,0 +1,218 @@
+"""Server limits through the real server: raw sockets against uvicorn on 127.0.0.1.
+
+Each test lowers one limit (``server.*``) so that hostile clients — huge or endless headers,
+slowloris headers and bodies, floods of connections — are cut off in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+import pytest
+
+from gateway.server.run import RESERVED_FDS, connection_cap, raise_open_file_limit
+from tests.conftest import GatewayFactory
+from tests.fakes.upstream import FakeUpstream
+
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+# Long enough for any refusal on a loaded machine, far below the defaults being replaced.
+WAIT = 10.0
+
+
+def _address(base_url: str) -> tuple[str, int]:
+    parts = urlsplit(base_url)
+    assert parts.hostname is not None and parts.port is not None
+    return parts.hostname, parts.port
+
+
+@contextmanager
+def _connect(base_url: str) -> Iterator[socket.socket]:
+    sock = socket.create_connection(_address(base_url), timeout=WAIT)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (raises on timeout)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+
+
+def _chat_request(extra_headers: bytes = b"") -> bytes:
+    body = orjson.dumps(CHAT)
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+        + extra_headers
+        + b"content-length: %d\r\n\r\n" % len(body)
+        + body
+    )
+
+
+def test_unfinished_huge_header_is_431_without_buffering_it(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    base = start_gateway(GATEWAY_SERVER_MAX_HEADER_BYTES="8192")
+    with _connect(base) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nx-padding: ")
+        sent = 0
+        # Keep sending a header that never ends; the gateway must answer long before 100 MB.
+        with pytest.raises(OSError):
+            while sent < 100 * 1024 * 1024:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        response = _read_until_closed(sock)
+    assert sent < 4 * 1024 * 1024
+    assert _status(response) == 431
+    assert b"headers are larger" in response
+    assert fake_upstream.received == []
+
+
+def test_complete_huge_header_is_431_and_never_forwarded(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    base = start_gateway()  # the default limit (64 KiB)
+    with _connect(base) as sock:
+        with suppress(OSError):  # the gateway may close before the last byte is written
+            sock.sendall(_chat_request(b"x-padding: " + b"a" * 10_000_000 + b"\r\n"))
+        response = _read_until_closed(sock)
+    assert _status(response) == 431
+    assert fake_upstream.received == []
+
+
+def test_header_just_under_the_limit_is_served(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    base = start_gateway(GATEWAY_SERVER_MAX_HEADER_BYTES="8192")
+    reply = httpx.post(f"{base}/chat/completions", json=CHAT, headers={"x-padding": "a" * 7000}, timeout=WAIT)
+    assert reply.status_code == 200
+    assert fake_upstream.requests_to("/v1/chat/completions")[0].headers["x-padding"] == "a" * 7000
+    too_big = httpx.post(
+        f"{base}/chat/completions", json=CHAT, headers={"x-padding": "a" * 9000}, timeout=WAIT
+    )
+    assert too_big.status_code == 431
+    assert too_big.json()["error"]["code"] == "request_rejected"
+
+
+def test_slowloris_headers_answer_408_after_the_header_timeout(start_gateway: GatewayFactory) -> None:
+    base = start_gateway(GATEWAY_SERVER_HEADER_TIMEOUT="0.5")
+    with _connect(base) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: gateway\r\n")
+        # One header line a little at a time, as a slowloris client does: never idle for long.
+        with pytest.raises(OSError):
+            for _ in range(100):
+                sock.sendall(b"x-a: b\r\n")
+                time.sleep(0.1)
+        response = _read_until_closed(sock)
+    assert _status(response) == 408
+    assert time.monotonic() - started < WAIT
+
+
+def test_connection_that_never_sends_is_closed_after_the_header_timeout(
+    start_gateway: GatewayFactory,
+) -> None:
+    base = start_gateway(GATEWAY_SERVER_HEADER_TIMEOUT="0.3")
+    with _connect(base) as sock:
+        assert _read_until_closed(sock) == b""
+
+
+def test_stalled_body_answers_408_and_the_request_is_not_forwarded(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    base = start_gateway(GATEWAY_SERVER_BODY_TIMEOUT="0.5")
+    body = orjson.dumps(CHAT)
+    with _connect(base) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body[:10]
+        )
+        response = _read_until_closed(sock)
+    assert _status(response) == 408
+    assert b"body stalled" in response
+    assert fake_upstream.received == []
+
+
+def test_slow_but_steady_body_is_served(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
+    base = start_gateway(GATEWAY_SERVER_BODY_TIMEOUT="0.5")
+    request = _chat_request()
+    head, body = request.split(b"\r\n\r\n", 1)
+    with _connect(base) as sock:
+        sock.sendall(head + b"\r\n\r\n")
+        # Longer in all than the timeout, never silent for that long.
+        for start in range(0, len(body), 10):
+            sock.sendall(body[start : start + 10])
+            time.sleep(0.1)
+        response = sock.recv(65536)
+    assert _status(response) == 200
+
+
+def test_idle_keep_alive_connection_is_closed_after_its_timeout(start_gateway: GatewayFactory) -> None:
+    base = start_gateway(GATEWAY_SERVER_KEEP_ALIVE_TIMEOUT="0.3")
+    with _connect(base) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: gateway\r\n\r\n")
+        response = _read_until_closed(sock)
+        # Closed after the answer well before uvicorn's own 5 s or the header timeout.
+        assert time.monotonic() - started < 3
+    assert _status(response) == 200 and response.endswith(b"}")
+
+
+def test_idle_connections_beyond_the_cap_make_room_for_new_clients(start_gateway: GatewayFactory) -> None:
+    base = start_gateway(GATEWAY_SERVER_MAX_CONNECTIONS="8")
+    with ExitStack() as stack:
+        idle = [stack.enter_context(_connect(base)) for _ in range(50)]
+        # Every new client is served: the oldest idle connections were closed for it.
+        for _ in range(5):
+            assert httpx.get(base.removesuffix("/v1") + "/healthz", timeout=WAIT).status_code == 200
+        closed = 0
+        for sock in idle:
+            sock.settimeout(0.2)
+            try:
+                closed += sock.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+            except TimeoutError:
+                pass
+        assert closed >= 50 - 8
+
+
+def test_connections_mid_request_beyond_the_cap_refuse_new_ones(start_gateway: GatewayFactory) -> None:
+    base = start_gateway(GATEWAY_SERVER_MAX_CONNECTIONS="4")
+    with ExitStack() as stack:
+        for _ in range(4):
+            busy = stack.enter_context(_connect(base))
+            busy.sendall(b"GET /healthz HTTP/1.1\r\nhost: gateway\r\n")  # headers never finished
+        time.sleep(0.2)
+        with _connect(base) as extra:
+            with suppress(OSError):
+                extra.sendall(b"GET /healthz HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            assert _read_until_closed(extra) == b""
+
+
+def test_connection_cap_fits_under_the_open_file_limit() -> None:
+    assert connection_cap(4096, 1024) == (1024 - RESERVED_FDS) // 2
+    assert connection_cap(100, 1_000_000) == 100
+    limit = raise_open_file_limit()
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == hard == limit or hard == resource.RLIM_INFINITY

@@ -1,0 +1,209 @@
+"""Context windows end to end: discovery from the upstream's model endpoints, learning when the
+overflow error states no numbers, no poisoning by echoed numbers, and learned windows shared,
+listed and forgotten across two replicas on one real Redis."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from gateway.app import create_app
+from gateway.cli import main
+from gateway.runtime import Runtime
+from gateway.settings import load_settings
+from gateway.store.redis import KEY_PREFIX
+from gateway.tokens import discovery
+from gateway.tokens.learned_windows import learned_key
+from tests.conftest import GatewayFactory
+from tests.fakes.serve import serve_in_thread
+from tests.fakes.upstream import FakeUpstream
+
+
+def history(turns: int, words: int = 150) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"turn {i}: " + "lorem ipsum dolor " * words,
+        }
+        for i in range(turns)
+    ]
+
+
+def ask(url: str, model: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": [*messages, {"role": "user", "content": "latest question"}], **extra}
+    return httpx.post(f"{url}/chat/completions", json=body, timeout=30)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"model_cards": {"served-model": {"max_model_len": 3000}}},  # vLLM / SGLang
+        {"model_cards": {"served-model": {"context_length": 3000}}},  # OpenRouter
+        {"ollama_models": {"served-model": {"show": {"parameters": "num_ctx 3000"}}}},
+        {"ollama_models": {"served-model": {"ps": {"context_length": 3000}}}},
+        {"llamacpp_props": {"default_generation_settings": {"n_ctx": 3000}}},
+    ],
+    ids=["vllm", "openrouter", "ollama-show", "ollama-ps", "llamacpp"],
+)
+def test_a_discovered_window_fits_the_first_request(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, knobs: dict[str, Any]
+) -> None:
+    for name, value in knobs.items():
+        setattr(fake_upstream, name, value)
+    fake_upstream.window = 3000
+    url = start_gateway()
+    for _ in range(3):
+        answer = ask(url, "served-model", history(12))
+        assert answer.status_code == 200, answer.text
+        assert "x-gateway-retry" not in answer.headers  # fitted before sending: no overflow
+        assert answer.headers["x-gateway-compression"] != "none"
+    # Asked once, at first sight: never again on the request path.
+    assert fake_upstream.hits["/v1/models"] == 1
+    assert fake_upstream.hits["/v1/chat/completions"] == 3
+
+
+def test_discovery_off_asks_nothing(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
+    fake_upstream.model_cards = {"served-model": {"max_model_len": 3000}}
+    fake_upstream.window = 3000
+    url = start_gateway(GATEWAY_WINDOWS_DISCOVERY="false")
+    answer = ask(url, "served-model", history(12))
+    assert answer.status_code == 200
+    assert answer.headers["x-gateway-retry"] == "overflow"  # learned the hard way
+    assert not any(request.path in ("/v1/models", "/api/ps", "/props") for request in fake_upstream.received)
+
+
+def test_no_numbers_overflow_converges_on_a_growing_conversation(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """OpenAI's newer wording states no window: the gateway bisects between the largest accepted
+    and the smallest refused size and, after a few retried requests, fits first time."""
+    fake_upstream.window = 6000
+    fake_upstream.overflow_style = "openai_new"
+    url = start_gateway()
+    model = f"unknown-model-{uuid.uuid4().hex[:8]}"
+    failed, retried, fitted = [], [], []
+    for turns in range(2, 60, 2):
+        answer = ask(url, model, history(turns, words=60))
+        if answer.status_code != 200:
+            failed.append(turns)
+        elif "x-gateway-retry" in answer.headers:
+            retried.append(turns)
+        elif answer.headers["x-gateway-compression"] != "none":
+            fitted.append(turns)
+    assert failed == []
+    assert 1 <= len(retried) <= 3, retried
+    # Converged: every later request (all over the window) was fitted before it was sent.
+    assert fitted == list(range(retried[-1] + 2, 60, 2))
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic", "openai_new"])
+def test_a_tiny_echoed_window_does_not_poison_the_model(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, style: str
+) -> None:
+    """An overflow error echoing a client's number ("maximum context length is 20 tokens"), or
+    one odd error stating none far below the model's known window, is not believed: the request
+    recovers and later requests of every client go through untouched."""
+    fake_upstream.overflow_style = style  # type: ignore[assignment]
+    fake_upstream.stated_window = 20
+    fake_upstream.faults = ["overflow"]
+    url = start_gateway()
+    first = ask(url, "gpt-4o-mini", history(4))
+    assert first.status_code == 200
+    assert first.headers["x-gateway-retry"] == "overflow"
+    for _ in range(3):
+        later = ask(url, "gpt-4o-mini", history(4))
+        assert later.status_code == 200
+        assert later.headers["x-gateway-compression"] == "none"
+        assert "x-gateway-retry" not in later.headers
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def test_two_replicas_share_list_and_forget_learned_windows(
+    fake_upstream: FakeUpstream,
+    start_gateway: GatewayFactory,
+    redis_url: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = f"replica-model-{uuid.uuid4().hex[:8]}"
+    shared = {"GATEWAY_REDIS_URL": redis_url, "GATEWAY_WINDOWS_STORE_REFRESH_SECONDS": "0"}
+    first, second = start_gateway(**shared), start_gateway(**shared)
+    fake_upstream.window = 3000
+
+    learned = ask(first, model, history(12))
+    assert learned.headers["x-gateway-retry"] == "overflow"
+    ahead = ask(second, model, history(12))
+    assert "x-gateway-retry" not in ahead.headers and ahead.headers["x-gateway-compression"] != "none"
+    # Every key the gateway wrote expires.
+    ttl = redis_client.ttl(KEY_PREFIX + learned_key(model))
+    assert 0 < ttl <= 86_400
+    assert 0 < redis_client.ttl(KEY_PREFIX + discovery.store_key(model)) <= 86_400
+
+    monkeypatch.setenv("GATEWAY_REDIS_URL", redis_url)
+    assert main(["windows", "list"]) == 0
+    listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [model, "3000", "learned"] in [row[:3] for row in listed]
+
+    assert main(["windows", "forget", model]) == 0
+    assert "2 record(s) removed" in capsys.readouterr().out
+    assert redis_client.exists(KEY_PREFIX + learned_key(model)) == 0
+    # The server was redeployed with a larger window; both replicas stop compressing for the old one.
+    fake_upstream.window = None
+    for url in (first, second):
+        fresh = ask(url, model, history(12))
+        assert fresh.status_code == 200
+        assert fresh.headers["x-gateway-compression"] == "none"
+
+
+def test_windows_commands_without_redis_say_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GATEWAY_REDIS_URL", raising=False)
+    assert main(["windows", "list"]) == 2
+    assert "no redis_url configured" in capsys.readouterr().err
+    assert main(["windows", "resolve", "claude-3-5-sonnet-20241022", "no-such-model"]) == 0
+    out = capsys.readouterr().out
+    assert "claude-3-5-sonnet-20241022\t200000\tmodel_map" in out
+    assert "no-such-model\t-\tunknown" in out
+
+
+def test_a_flood_of_model_names_stays_bounded(
+    fake_upstream: FakeUpstream, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Distinct hostile model names, each overflowing: memory holds at most windows.max_models of
+    them, and every Redis key written expires."""
+    settings = load_settings(
+        None,
+        {
+            "GATEWAY_UPSTREAM_BASE_URL": fake_upstream.base_url,
+            "GATEWAY_REDIS_URL": redis_url,
+            "GATEWAY_WINDOWS_MAX_MODELS": "5",
+        },
+    )
+    app = create_app(settings)
+    runtime: Runtime = app.state.runtime
+    tag = uuid.uuid4().hex[:8]
+    fake_upstream.window = 3000
+    with ExitStack() as stack:
+        url = stack.enter_context(serve_in_thread(app)) + "/v1"
+        for index in range(20):
+            answer = ask(url, f"flood-{tag}-{index}-" + "x" * 200, history(12))
+            assert answer.status_code == 200
+    assert len(runtime.windows.learned) <= 5
+    assert len(runtime.windows.discovered) <= 5
+    keys = list(redis_client.scan_iter(match=f"{KEY_PREFIX}window:*flood-{tag}-*"))
+    assert len(keys) >= 20
+    assert all(redis_client.ttl(key) > 0 for key in keys)

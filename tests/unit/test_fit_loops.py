@@ -1,0 +1,186 @@
+"""Agent loops: one user task answered by many tool steps inside the latest turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gateway  # noqa: F401
+from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.compress.fit import omitted_marker
+from gateway.settings import ConfigError, load_settings
+from gateway.tokens.counter import counter_for
+from tests.fakes.validation import validate_chat_messages
+from tests.unit.test_fit_cases import prefix_shares
+
+MODEL = "gpt-4o"
+COUNTER = counter_for(MODEL)
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+TASK = {"role": "user", "content": "Task T-4471: make the parser tests pass."}
+
+
+def output(step: int, lines: int) -> str:
+    return "\n".join(
+        f"src/mod_{step}.py:{n}: value_{step}_{n} = compute({n}, retries=3)" for n in range(lines)
+    )
+
+
+def openai_step(step: int, lines: int) -> list[dict[str, Any]]:
+    call = f"call_{step}"
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call, "type": "function", "function": {"name": "grep", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": call, "content": output(step, lines)},
+    ]
+
+
+def anthropic_step(step: int, lines: int) -> list[dict[str, Any]]:
+    call = f"toolu_{step}"
+    return [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": call, "name": "grep", "input": {"q": "x"}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call, "content": output(step, lines)}],
+        },
+    ]
+
+
+def loop(steps: int, style: str = "openai", lines: int = 120) -> list[dict[str, Any]]:
+    make = openai_step if style == "openai" else anthropic_step
+    messages = [SYSTEM, TASK]
+    for step in range(steps):
+        messages += make(step, lines)
+    return messages
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_older_steps_are_compressed_and_the_newest_kept_whole(style: str) -> None:
+    messages = loop(40, style)
+    budget = COUNTER.messages(messages) // 3
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget
+    assert validate_chat_messages(result.messages) is None
+    assert result.messages[:2] == [SYSTEM, TASK]
+    assert "tool_results" in result.stages and "protected" not in result.stages
+    # The newest steps are the very same objects; the oldest were trimmed.
+    assert all(any(m is out for out in result.messages) for m in messages[-6:])
+    assert "omitted" in str(result.messages[3]["content"])
+    assert result.tokens_after >= 0.5 * budget
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_a_loop_larger_than_the_budget_drops_oldest_steps_behind_a_marker_after_the_task(style: str) -> None:
+    messages = loop(120, style)
+    budget = COUNTER.messages(messages) // 60  # placeholders alone of 120 steps do not fit
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert "drop_turns" in result.stages and "protected" not in result.stages
+    assert validate_chat_messages(result.messages) is None
+    marker = result.messages[2]
+    assert result.messages[:2] == [SYSTEM, TASK]
+    assert (
+        marker["role"] == "user"
+        and f"{result.messages_dropped:,} earlier messages omitted" in marker["content"]
+    )
+    # What follows the marker is a whole step, and the newest step is whole.
+    assert result.messages[3]["role"] == "assistant"
+    assert result.messages[-2:] == messages[-2:]
+
+
+def test_old_turns_go_before_the_steps_of_the_latest_turn() -> None:
+    earlier: list[dict[str, Any]] = [SYSTEM]
+    for turn in range(10):
+        earlier += [
+            {"role": "user", "content": f"Question {turn}: " + " ".join(f"why{n}" for n in range(200))},
+            {"role": "assistant", "content": f"Answer {turn}: " + " ".join(f"as{n}" for n in range(200))},
+        ]
+    messages = [*earlier, TASK, *loop(30)[2:]]
+    budget = 7_000  # truncated turns and placeholder steps do not fit together
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    task = result.messages.index(TASK)
+    before = [m for m in result.messages[:task] if "earlier messages omitted" in str(m["content"])]
+    after = [m for m in result.messages[task:] if "earlier messages omitted" in str(m["content"])]
+    assert before and not after  # older turns dropped, every step still present
+    assert sum(1 for m in result.messages if m["role"] == "tool") == 30
+
+
+def test_the_protected_stage_trims_the_largest_first_and_the_newest_step_last() -> None:
+    system = {"role": "system", "content": "Rules. " + "Always cite the file path. " * 600}
+    messages = [system, TASK, *openai_step(0, 300), *openai_step(1, 150)]
+    budget = COUNTER.messages([TASK, *messages[-2:]]) + 600  # the newest step fits, the system prompt not
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.stages == ("drop_turns", "protected")
+    assert result.messages[0]["role"] == "system" and result.messages[0] != system
+    assert result.messages[1] is TASK
+    assert result.messages[-2] is messages[-2] and result.messages[-1] is messages[-1]
+
+
+def test_refused_only_when_system_task_and_newest_step_cannot_fit_at_the_floor() -> None:
+    messages = loop(20, lines=200)
+    newest = COUNTER.messages(messages[-2:])
+    fitted = fit(messages, model=MODEL, budget_tokens=newest + 150)  # every other step dropped
+    assert fitted.messages[-2:] == messages[-2:] and fitted.messages[:2] == [SYSTEM, TASK]
+    floor = CompressionOptions().protected_floor_tokens
+    with pytest.raises(ContextBudgetExceeded) as refused:
+        fit(messages, model=MODEL, budget_tokens=floor)  # the newest step alone is bigger at its floor
+    assert refused.value.minimum > floor
+
+
+def test_a_trimmed_message_never_falls_below_the_floor() -> None:
+    """Issue 8: the protected stage once left 205 tokens of a 340-token message under a 252 budget."""
+    floor = CompressionOptions().protected_floor_tokens
+    texts = [
+        " ".join(f"ERROR id={n} 2024-05-01 的 配置 failed" for n in range(60)),
+        "\n".join(f'{{"key": {n}, "value": "订单 {n}"}}' for n in range(50)),
+        "word " * 340,
+    ]
+    for text in texts:
+        messages = [{"role": "user", "content": text}]
+        for budget in range(floor - 20, COUNTER.messages(messages), 37):
+            try:
+                result = fit(messages, model=MODEL, budget_tokens=budget)
+            except ContextBudgetExceeded:
+                continue
+            assert COUNTER.message(result.messages[0]) >= min(floor, COUNTER.message(messages[0]))
+
+
+def test_growing_loop_shares_its_prefix_step_after_step() -> None:
+    messages = loop(80)
+    budget = COUNTER.messages(messages) // 3
+    outputs = [fit(messages[: 2 + 2 * n], model=MODEL, budget_tokens=budget).messages for n in range(1, 81)]
+    shares = prefix_shares(outputs)
+    # The recent window moves on a grid: most requests only append; a request after every
+    # step breaks the prefix only when the window jumps or a rung changes.
+    assert sum(share == 1.0 for share in shares) >= 0.7 * len(shares)
+    assert sum(shares) / len(shares) >= 0.85
+
+
+def test_the_marker_is_made_from_the_dropped_span() -> None:
+    span = loop(3)[2:]
+    assert omitted_marker(span) == {
+        "role": "user",
+        "content": "[context-gateway: 6 earlier messages omitted to fit the context window]",
+    }
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "1.5", "-0.2", "0.5\x00", "9" * 10_000, "[1]"])
+def test_the_recent_steps_option_refuses_hostile_values_naming_the_key(value: str) -> None:
+    with pytest.raises(ConfigError, match="recent_steps_ratio"):
+        load_settings(None, {"GATEWAY_COMPRESSION_RECENT_STEPS_RATIO": value})
+
+
+def test_the_recent_steps_option_is_read_from_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("compression:\n  recent_steps_ratio: 0.3\n")
+    assert load_settings(config, {}).compression.recent_steps_ratio == 0.3
+    config.write_text("compression:\n  recent_steps_ratio: {deep: [[[1]]]}\n")
+    with pytest.raises(ConfigError, match="recent_steps_ratio"):
+        load_settings(config, {})
