@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import Response
 
-from gateway.chat_request import parse_chat_request, read_body
 from gateway.proxy_headers import to_upstream, upstream_query
-from gateway.routes.prompt import Dialect, Upstreaming, forward_prompt
+from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
 
 
@@ -21,10 +19,4 @@ def _upstream(runtime: Runtime, request: Request, request_id: str) -> Upstreamin
     )
 
 
-CHAT_COMPLETIONS = Dialect(upstream=_upstream)
-
-
-async def chat_completions(request: Request) -> Response:
-    runtime: Runtime = request.app.state.runtime
-    raw = await read_body(request, runtime.settings.server.max_body_bytes)
-    return await forward_prompt(request, parse_chat_request(raw, request.headers), CHAT_COMPLETIONS)
+chat_completions = prompt_endpoint(Dialect(upstream=_upstream))

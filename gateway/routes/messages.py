@@ -17,11 +17,10 @@ from starlette.responses import Response
 from yarl import URL
 
 from gateway import metrics
-from gateway.chat_request import parse_chat_request, read_body
 from gateway.errors import anthropic_error_body
 from gateway.proxy_headers import to_upstream, upstream_query
 from gateway.routes.passthrough import relay_unchanged
-from gateway.routes.prompt import Dialect, Upstreaming, forward_prompt
+from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
 from gateway.wire.anthropic import ANTHROPIC
 from gateway.wire.anthropic_validation import validate_messages_body
@@ -81,21 +80,18 @@ def _window_stop_in_stream(tail: bytes) -> None:
                         metrics.CONTEXT_WINDOW_STOPS.inc()
 
 
-MESSAGES = Dialect(
-    upstream=_upstream,
-    error_event=_error_event,
-    inspect_body=_window_stop,
-    inspect_stream=_window_stop_in_stream,
-    # Window discovery reads OpenAI-compatible model lists; Anthropic's states no windows.
-    discover=False,
+messages = prompt_endpoint(
+    Dialect(
+        upstream=_upstream,
+        wire=ANTHROPIC,
+        validate=validate_messages_body,
+        error_event=_error_event,
+        inspect_body=_window_stop,
+        inspect_stream=_window_stop_in_stream,
+        # Window discovery reads OpenAI-compatible model lists; Anthropic's states no windows.
+        discover=False,
+    )
 )
-
-
-async def messages(request: Request) -> Response:
-    runtime: Runtime = request.app.state.runtime
-    raw = await read_body(request, runtime.settings.server.max_body_bytes)
-    chat = parse_chat_request(raw, request.headers, validate=validate_messages_body, wire=ANTHROPIC)
-    return await forward_prompt(request, chat, MESSAGES)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from yarl import URL
 
 from gateway import metrics
-from gateway.chat_request import ChatRequest
+from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
 from gateway.planning import Plan, demand, overflow_retry_budget, plan_request, refusal_of
@@ -35,6 +35,8 @@ from gateway.relay import (
 )
 from gateway.runtime import Runtime
 from gateway.upstream import UpstreamReply
+from gateway.wire.base import CHAT, WireFormat
+from gateway.wire.chat import validate_chat_body
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Dialect:
     """What one prompt route does its own way."""
 
     upstream: Callable[[Runtime, Request, str], Upstreaming]
+    wire: WireFormat = CHAT
+    validate: Callable[[object, bytes], None] = validate_chat_body
     plan: Planner = plan_default
     retry: RetryPlanner = compressed_retry
     # An error inside a stream, in the API's own event shape.
@@ -92,6 +96,18 @@ class Attempt:
     # For a stream: what was read to check for an in-stream error, and the rest of it.
     stream_head: bytes = b""
     stream_rest: AsyncGenerator[bytes, None] | None = None
+
+
+def prompt_endpoint(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+    """The route function of one prompt API: read and validate its body, then the shared flow."""
+
+    async def endpoint(request: Request) -> Response:
+        runtime: Runtime = request.app.state.runtime
+        raw = await read_body(request, runtime.settings.server.max_body_bytes)
+        chat = parse_chat_request(raw, request.headers, validate=dialect.validate, wire=dialect.wire)
+        return await forward_prompt(request, chat, dialect)
+
+    return endpoint
 
 
 async def forward_prompt(request: Request, chat: ChatRequest, dialect: Dialect) -> Response:

@@ -20,14 +20,13 @@ import re
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
 
 from gateway import metrics
-from gateway.chat_request import ChatRequest, parse_chat_request, read_body
+from gateway.chat_request import ChatRequest
 from gateway.overflow import Overflow
 from gateway.planning import Plan
 from gateway.proxy_headers import to_upstream, upstream_query
-from gateway.routes.prompt import Dialect, Upstreaming, compressed_retry, forward_prompt, plan_default
+from gateway.routes.prompt import Dialect, Upstreaming, compressed_retry, plan_default, prompt_endpoint
 from gateway.runtime import Runtime
 from gateway.tokens.counter import count_request_async, counter_for
 from gateway.wire.responses import RESPONSES
@@ -137,17 +136,14 @@ def _past_preamble(head: bytes) -> bool:
     return any(kind not in PREAMBLE_EVENTS for kind in _EVENT_TYPE.findall(head))
 
 
-RESPONSES_API = Dialect(
-    upstream=_upstream,
-    plan=_plan,
-    retry=_retry,
-    error_event=_error_event,
-    head_complete=_past_preamble,
+responses = prompt_endpoint(
+    Dialect(
+        upstream=_upstream,
+        wire=RESPONSES,
+        validate=validate_responses_body,
+        plan=_plan,
+        retry=_retry,
+        error_event=_error_event,
+        head_complete=_past_preamble,
+    )
 )
-
-
-async def responses(request: Request) -> Response:
-    runtime: Runtime = request.app.state.runtime
-    raw = await read_body(request, runtime.settings.server.max_body_bytes)
-    chat = parse_chat_request(raw, request.headers, validate=validate_responses_body, wire=RESPONSES)
-    return await forward_prompt(request, chat, RESPONSES_API)
