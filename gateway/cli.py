@@ -1,4 +1,4 @@
-"""The ``context-gateway`` command: serve, compress, count, windows."""
+"""The ``context-gateway`` command: serve, compress, count, keys, usage, windows."""
 
 from __future__ import annotations
 
@@ -44,6 +44,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     count.add_argument("--verbose", action="store_true", help="per-message counts")
     count.add_argument("file", help="chat-completions request body or bare message list (JSON); - for stdin")
 
+    keys = commands.add_parser("keys", help="make or hash gateway keys for the teams section")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    key_hash = key_commands.add_parser(
+        "hash", help="print the sha256: form of a key to put in teams.<name>.keys"
+    )
+    key_hash.add_argument("key", help="the key (- to read it from stdin, keeping it out of shell history)")
+    key_commands.add_parser("new", help="make a random key; print it and its sha256: form")
+
+    usage = commands.add_parser("usage", help="print recorded team usage (from Redis)")
+    usage.add_argument("--config", help="YAML config file (its redis_url and teams)")
+    usage.add_argument("--team", help="one team (default: every configured team)")
+    usage.add_argument("--day", help="UTC day as YYYY-MM-DD (default: today)")
     windows = commands.add_parser("windows", help="show or clear learned and discovered context windows")
     actions = windows.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="learned and discovered windows in the store (Redis)")
@@ -66,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "compress":
             return _compress(args)
+        if args.command == "keys":
+            return _keys(args)
+        if args.command == "usage":
+            return _usage(args)
         if args.command == "windows":
             return _windows(args)
         return _count(args)
@@ -185,6 +201,70 @@ def _count(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from gateway.policy.keys import hash_key, new_key
+
+    if args.keys_command == "new":
+        key = new_key()
+        print(f"key:  {key}")
+        print(f"hash: {hash_key(key)}")
+        return 0
+    key = sys.stdin.readline().strip() if args.key == "-" else args.key
+    if not key:
+        raise InputError("the key is empty")
+    print(hash_key(key))
+    return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from redis.exceptions import RedisError
+
+    from gateway.policy.config import TEAM_NAME
+    from gateway.policy.limits import DAY_SECONDS, RedisLimits, day_name, day_number
+
+    settings = load_settings(args.config)
+    if not settings.redis_url:
+        raise InputError("usage is recorded in Redis: set redis_url (without it each process counts alone)")
+    try:
+        day = int(time.time() // DAY_SECONDS) if args.day is None else day_number(args.day)
+    except ValueError:
+        raise InputError(f"--day must be a date as YYYY-MM-DD, got {args.day[:40]!r}") from None
+    if args.team is not None and not TEAM_NAME.fullmatch(args.team):
+        raise InputError(f"--team must be a team name (letters, digits, _ . -), got {args.team[:40]!r}")
+    teams = [args.team] if args.team else sorted(settings.teams)
+    if not teams:
+        raise InputError("no teams: configure teams, or name one with --team")
+
+    async def read() -> list[tuple[str, str, Any]]:
+        store = RedisLimits(settings.redis_url or "", timeout=5.0)
+        try:
+            return [
+                (team, model, usage)
+                for team in teams
+                for model, usage in (await store.usage(team, day)).items()
+            ]
+        finally:
+            await store.close()
+
+    try:
+        rows = asyncio.run(read())
+    except (OSError, RedisError) as exc:
+        raise InputError(f"cannot read usage from Redis: {type(exc).__name__}") from None
+    print(f"usage on {day_name(day)} (UTC)")
+    print(f"{'team':<20} {'model':<32} {'requests':>9} {'prompt':>12} {'completion':>12} {'saved':>12}")
+    for team, model, usage in rows:
+        print(
+            f"{team:<20} {model:<32} {usage.requests:>9} {usage.prompt:>12} "
+            f"{usage.completion:>12} {usage.saved:>12}"
+        )
+    if not rows:
+        print("(nothing recorded)")
+    return 0
+
+
 def _windows(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -228,7 +308,9 @@ async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int
         now = time.time()
         for record in records:
             expires = f"{max(0, round(record.expires_at - now))} s"
-            print(f"{record.model}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+            # Names come from clients: never let one write control sequences to a terminal.
+            name = record.model if record.model.isprintable() else ascii(record.model)
+            print(f"{name}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
         return 0
     except (OSError, ConnectionError) as exc:
         print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)

@@ -43,6 +43,28 @@ SERVER_TRUNCATIONS = Counter(
     "gateway_responses_server_truncations_total",
     "Responses requests with server-side history sent with truncation auto (responses_server_state).",
 )
+# Team label values are configured team names only (never keys, never client text): bounded.
+TEAM_REQUESTS = Counter(
+    "gateway_team_requests_total",
+    "Team requests by outcome: admitted, rate_limited, quota_exceeded, too_large, model_not_allowed, "
+    "store_unavailable.",
+    ["team", "outcome"],
+)
+TEAM_TOKENS = Counter(
+    "gateway_team_tokens_total",
+    "Tokens settled per team from the upstream's usage: prompt, completion, and prompt tokens saved.",
+    ["team", "kind"],
+)
+POLICY_UNAUTHORIZED = Counter(
+    "gateway_policy_unauthorized_total", "Requests refused with 401: missing or unknown gateway key."
+)
+POLICY_STORE_FAILURES = Counter(
+    "gateway_policy_store_failures_total", "Calls to the team limit store (Redis) that failed or timed out."
+)
+POLICY_FALLBACKS = Counter(
+    "gateway_policy_fallbacks_total",
+    "Team requests checked against this replica's share of the limits (Redis unreachable, fail open).",
+)
 WINDOW_EVIDENCE = Counter(
     "gateway_window_evidence_total",
     "What upstream overflow errors taught about context windows: a believed stated window, a refused "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
+from starlette.requests import ClientDisconnect
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
@@ -39,6 +41,8 @@ class Plan:
     tokens_before: int = 0
     tokens_after: int = 0
     stages: tuple[str, ...] = ()
+    # The budget is the team's max_context_tokens, below what the model's window allows.
+    capped: bool = False
     # The exact count of a prompt already known to fit, running while the upstream works.
     counting: asyncio.Task[int] | None = None
     # False when the upstream's usage will cover more than was counted (history it keeps itself).
@@ -51,10 +55,20 @@ class Plan:
             self.counting = None
 
 
-async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | None = None) -> Plan:
+async def plan_request(
+    runtime: Runtime,
+    chat: ChatRequest,
+    *,
+    budget: int | None = None,
+    cap: int | None = None,
+    client_gone: Callable[[], Awaitable[bool]] | None = None,
+) -> Plan:
     """The body to forward: the original bytes when the prompt fits, a fitted one otherwise.
 
-    ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window.
+    ``budget`` forces a budget (the overflow retry); otherwise it comes from the model's window,
+    bounded by ``cap`` (a team's max_context_tokens) when that is lower.
+    ``client_gone`` is asked between counting and fitting, the two costly steps of a large
+    body: once its client has hung up, the fit is not started (ClientDisconnect).
     When no decision needs the exact count — no known budget, or the free byte bound (a BPE
     token covers at least one byte) is already under it — the original bytes go out at once
     and the count runs alongside the upstream request.
@@ -62,20 +76,33 @@ async def plan_request(runtime: Runtime, chat: ChatRequest, *, budget: int | Non
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
     counted = chat.view.counted
+    capped = False
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
         if window.source == "bisected" and window.tokens is not None:
             budget = bisected_budget(runtime, chat, window.tokens)
         elif window.tokens is not None:
             budget = runtime.settings.budget.usable(window.tokens, counted)
+        if cap is not None and (budget is None or cap < budget):
+            budget, capped = cap, True
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
-        return Plan(chat.raw, budget, counting=asyncio.create_task(count_request_async(counter, counted)))
+        return Plan(
+            chat.raw,
+            budget,
+            capped=capped,
+            counting=asyncio.create_task(count_request_async(counter, counted)),
+        )
     tokens = await count_request_async(counter, counted)
     if (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
-        return Plan(chat.raw, budget, tokens, tokens)
+        return Plan(chat.raw, budget, tokens, tokens, capped=capped)
+    if client_gone is not None and await client_gone():
+        raise ClientDisconnect
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
-    return _fitted_plan(runtime, chat, counter, tokens, budget)
+        plan = await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
+    else:
+        plan = _fitted_plan(runtime, chat, counter, tokens, budget)
+    plan.capped = capped
+    return plan
 
 
 def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
@@ -102,7 +129,8 @@ def _fitted_plan(
         raise GatewayError(
             400,
             f"This request needs at least {exc.minimum + tokens - exc.tokens} prompt tokens even after "
-            f"compression, but the model's usable budget is {budget} tokens (prompt was {tokens} tokens). "
+            f"compression, but the usable budget (model window or team cap) is {budget} tokens "
+            f"(prompt was {tokens} tokens). "
             "Shorten the system prompt or the latest message.",
             param=chat.wire.prompt_field,
             code="context_length_exceeded",

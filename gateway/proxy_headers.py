@@ -38,8 +38,12 @@ def to_upstream(
     request_id: str,
     identity_encoding: bool = False,
     key_header: str = "authorization",
+    strip_credentials: bool = False,
 ) -> list[tuple[str, str]]:
     """The client's headers minus hop-by-hop ones; the configured key replaces every client credential.
+
+    ``strip_credentials`` drops them even with no key to send: the caller's credential was the
+    gateway's own key (teams), which must never reach the upstream.
 
     ``identity_encoding`` asks the upstream for an uncompressed answer, for the routes whose
     answer the gateway reads (usage, overflow errors). ``key_header`` is where the key goes:
@@ -47,7 +51,7 @@ def to_upstream(
     """
     out = forward_headers(headers.items())
     drop = {REQUEST_ID}
-    if api_key:
+    if api_key or strip_credentials:
         drop |= CREDENTIAL_HEADERS
     if identity_encoding:
         drop.add("accept-encoding")
@@ -58,9 +62,9 @@ def to_upstream(
     return out
 
 
-def upstream_query(query: str, *, api_key: str | None) -> str:
+def upstream_query(query: str, *, api_key: str | None, strip_credentials: bool = False) -> str:
     """The client's query string, less any key parameter when the gateway supplies the key."""
-    if not api_key or not query:
+    if not (api_key or strip_credentials) or not query:
         return query
     pairs = parse_qsl(query, keep_blank_values=True)
     kept = [(name, value) for name, value in pairs if name.lower() not in CREDENTIAL_QUERY_PARAMS]

@@ -97,10 +97,11 @@ async def first_chunk(
     return head, body
 
 
-def prompt_tokens_from_json(body: bytes) -> int | None:
-    """The prompt tokens a non-streamed answer reports, if it does."""
+def usage_from_json(body: bytes) -> object:
+    """The ``usage`` of a non-streamed answer, at its top or in its ``message`` / ``response``
+    (None if it has none)."""
     try:
-        return _reported(orjson.loads(body))
+        return _usage_of(orjson.loads(body))
     except orjson.JSONDecodeError:
         return None
 
@@ -114,7 +115,7 @@ def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
             if not line.startswith(b"data:"):
                 continue
             try:
-                tokens = _reported(orjson.loads(line[5:]))
+                tokens = prompt_tokens(_usage_of(orjson.loads(line[5:])))
             except orjson.JSONDecodeError:
                 continue
             if tokens is not None:
@@ -122,18 +123,17 @@ def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
     return None
 
 
-def _reported(payload: object) -> int | None:
+def _usage_of(payload: object) -> object:
     if not isinstance(payload, dict):
         return None
     for holder in (payload, payload.get("message"), payload.get("response")):
-        if isinstance(holder, dict):
-            tokens = _prompt_tokens(holder.get("usage"))
-            if tokens is not None:
-                return tokens
+        if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
+            return holder["usage"]
     return None
 
 
-def _prompt_tokens(usage: object) -> int | None:
+def prompt_tokens(usage: object) -> int | None:
+    """The prompt tokens a usage object reports, cached ones included."""
     if not isinstance(usage, dict):
         return None
     value = usage.get("prompt_tokens", usage.get("input_tokens"))

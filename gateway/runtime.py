@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
@@ -12,6 +13,7 @@ from typing import Any
 
 from gateway import metrics
 from gateway.overflow import detect_silent_truncation
+from gateway.policy.enforcer import Policy, Team
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.tokens import discovery
@@ -29,6 +31,8 @@ log = logging.getLogger("gateway")
 CALIBRATION_SAVE_EVERY = 10
 # Largest model-list body read during discovery (OpenRouter's list is a few hundred KB).
 DISCOVERY_MAX_BYTES = 8 * 1024 * 1024
+# How long a fetched model list answers discovery for other models.
+LISTING_CACHE_SECONDS = 60.0
 # Discoveries in flight at once, over all models.
 MAX_CONCURRENT_DISCOVERIES = 8
 # Request headers that authenticate the gateway's own discovery requests to the upstream.
@@ -42,17 +46,21 @@ class Runtime:
     store: Store
     windows: WindowResolver
     calibration: Calibration
+    policy: Policy
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Models whose calibration this process read from the store, most recent last (bounded:
     # model names come from clients; an evicted one is simply read again).
     _loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    # Models whose learned and discovered windows were read from the store lately (entries
-    # expire after windows.store_refresh_seconds); bounded LRUs.
+    # Models whose learned window was read from the store lately (entries expire after
+    # windows.store_refresh_seconds), and when each sighted model's discovered window is
+    # refreshed next (in the background); bounded LRUs.
     _refreshed: ExpiringLRU[bool] = field(init=False)
-    _discovery_done: ExpiringLRU[bool] = field(init=False)
+    _discovery_done: ExpiringLRU[float] = field(init=False)
     # One discovery per model at a time, whatever the number of concurrent first requests.
     _discovering: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # The upstream's model lists (at most two URLs), with the time they go stale.
+    _listings: dict[str, tuple[float, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._refreshed = ExpiringLRU(self.settings.windows.max_models)
@@ -72,16 +80,27 @@ class Runtime:
                 overrides=settings.window_overrides(), learned=learned, discovered=ExpiringLRU(cfg.max_models)
             ),
             calibration=CALIBRATION,
+            policy=Policy(settings.teams, settings.policy, settings.redis_url),
         )
 
     async def start(self) -> None:
         await self.upstream.start()
+        await self.policy.start()
 
     async def close(self) -> None:
+        if self._discovering:  # each bounded by windows.discovery_timeout
+            await asyncio.gather(*self._discovering.values(), return_exceptions=True)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.upstream.close()
         await self.store.close()
+        await self.policy.close()
+
+    def upstream_key(self, team: Team | None) -> str | None:
+        """The key the gateway sends upstream: the team's own, else the configured one, else none."""
+        if team is not None and team.settings.upstream_api_key:
+            return team.settings.upstream_api_key
+        return self.settings.upstream.api_key
 
     async def load_learned(self, model: str) -> None:
         """Adopt what other replicas learned: the window every `windows.store_refresh_seconds`
@@ -101,10 +120,14 @@ class Runtime:
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
     async def discover(self, model: str, headers: list[tuple[str, str]]) -> None:
-        """At a model's first sight: the window another replica discovered, else ask the upstream
-        (bounded by `windows.discovery_timeout`). Later requests find the answer in memory."""
+        """At a model's first sight in this process: the window another replica discovered, else
+        ask the upstream (bounded by `windows.discovery_timeout`). Afterwards the answer is in
+        memory, and it is re-read (store, then upstream once expired) in the background."""
         cfg = self.settings.windows
-        if not cfg.discovery or model in self._discovery_done:
+        if not cfg.discovery:
+            return
+        refresh_at = self._discovery_done.get(model)
+        if refresh_at is not None and refresh_at > time.time():
             return
         running = self._discovering.get(model)
         if running is None and len(self._discovering) >= MAX_CONCURRENT_DISCOVERIES:
@@ -117,8 +140,14 @@ class Runtime:
             }
             running = asyncio.ensure_future(self._discover(model, credentials))
             self._discovering[model] = running
-            running.add_done_callback(lambda _: self._discovering.pop(model, None))
-        await asyncio.shield(running)
+            running.add_done_callback(lambda task: self._discovered(model, task))
+        if refresh_at is None:
+            await asyncio.shield(running)
+
+    def _discovered(self, model: str, task: asyncio.Task[None]) -> None:
+        self._discovering.pop(model, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("window discovery for %.100r failed: %s", model, type(task.exception()).__name__)
 
     async def _discover(self, model: str, credentials: Mapping[str, str]) -> None:
         cfg = self.settings.windows
@@ -126,23 +155,32 @@ class Runtime:
         try:
             stored = await self.store.get(discovery.store_key(model))
         except Exception as exc:
-            log.warning("could not read the discovered window for %s: %s", model, type(exc).__name__)
+            log.warning("could not read the discovered window for %.100r: %s", model, type(exc).__name__)
             stored = None
         if stored is not None:
             found, known = discovery.decode(stored), True
         else:
+            base_url = self.settings.upstream.base_url
+            listings = discovery.listing_urls(base_url)
 
             async def fetch(method: str, url: str, body: bytes | None) -> Any:
-                return await self.upstream.fetch_json(
+                # The model lists serve every model: one fetch a minute, not one per new name
+                # (OpenRouter's is hundreds of KB).
+                cached = self._listings.get(url)
+                if cached is not None and cached[0] > time.monotonic():
+                    return cached[1]
+                answer = await self.upstream.fetch_json(
                     method, url, credentials, body, max_bytes=DISCOVERY_MAX_BYTES
                 )
+                if url in listings:
+                    self._listings[url] = (time.monotonic() + LISTING_CACHE_SECONDS, answer)
+                return answer
 
-            base_url = self.settings.upstream.base_url
             found = await discover_window(fetch, base_url, model, timeout=cfg.discovery_timeout)
             known = False
-        self._discovery_done.put(
-            model, True, time.time() + min(cfg.store_refresh_seconds, cfg.discovery_ttl_seconds)
-        )
+        # Sighted for as long as the LRU keeps it; refreshed in the background after this time.
+        refresh_at = time.time() + min(cfg.store_refresh_seconds, cfg.discovery_ttl_seconds)
+        self._discovery_done.put(model, refresh_at, math.inf)
         if found is None:
             self.windows.discovered.pop(model)
         else:

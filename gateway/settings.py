@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gateway.compress.options import CompressionOptions
+from gateway.policy.config import PolicySettings, TeamSettings, validate_teams
 from gateway.tokens.windows import usable_budget
 
 ENV_PREFIX = "GATEWAY_"
@@ -156,6 +157,12 @@ class Settings:
     budget: BudgetSettings = field(default_factory=BudgetSettings)
     windows: WindowSettings = field(default_factory=WindowSettings)
     compression: CompressionOptions = field(default_factory=CompressionOptions)
+    # Team name -> its gateway keys, upstream key, models, compression and limits (gateway/policy).
+    teams: dict[str, TeamSettings] = field(default_factory=dict)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+    def __post_init__(self) -> None:
+        validate_teams(self.teams)
 
     def window_overrides(self) -> dict[str, int]:
         return {name: m.context_window for name, m in self.models.items() if m.context_window}
@@ -310,9 +317,10 @@ def is_loopback(host: str) -> bool:
 
 
 def open_relay(settings: Settings) -> bool:
-    """An upstream key anyone on the network could spend."""
+    """An upstream key anyone on the network could spend (teams are gateway keys: not one)."""
     return (
         bool(settings.upstream.api_key or settings.upstream.anthropic_api_key)
+        and not settings.teams
         and not settings.server.allow_unauthenticated
         and not is_loopback(settings.server.host)
     )

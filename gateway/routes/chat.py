@@ -1,21 +1,31 @@
-"""POST /v1/chat/completions: parse, then the shared prompt flow (routes/prompt.py)."""
+"""POST /v1/chat/completions: the shared prompt flow (routes/prompt.py) in chat completions' shape."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 
+from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_upstream, upstream_query
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
 
 
-def _upstream(runtime: Runtime, request: Request, request_id: str) -> Upstreaming:
-    api_key = runtime.settings.upstream.api_key
-    query = upstream_query(request.url.query, api_key=api_key)  # Azure's api-version rides on it
+def _upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstreaming:
+    request_id: str = request.state.request_id
+    api_key = runtime.upstream_key(team)
+    # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
+    strip = team is not None
+    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
     return Upstreaming(
-        headers=to_upstream(request.headers, api_key=api_key, request_id=request_id, identity_encoding=True),
-        url=runtime.upstream.url_for("/v1/chat/completions", query),
-        gateway_credentials=bool(api_key),
+        headers=to_upstream(
+            request.headers,
+            api_key=api_key,
+            request_id=request_id,
+            identity_encoding=True,
+            strip_credentials=strip,
+        ),
+        url=runtime.upstream.url_for("/v1/chat/completions", query),  # Azure's api-version rides on it
+        gateway_credentials=bool(api_key) or strip,
     )
 
 

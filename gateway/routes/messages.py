@@ -18,6 +18,7 @@ from yarl import URL
 
 from gateway import metrics
 from gateway.errors import anthropic_error_body
+from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_upstream, upstream_query
 from gateway.routes.passthrough import relay_unchanged
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
@@ -34,18 +35,22 @@ def anthropic_url(runtime: Runtime, path: str, query: str) -> URL:
     return URL(base + path + (f"?{query}" if query else ""), encoded=True)
 
 
-def _upstream(runtime: Runtime, request: Request, request_id: str) -> Upstreaming:
+def _upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstreaming:
+    request_id: str = request.state.request_id
     api_key = runtime.settings.upstream.anthropic_api_key
+    strip = team is not None  # the caller's credential is a gateway key: it never crosses
+    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
     return Upstreaming(
-        url=anthropic_url(runtime, "/v1/messages", upstream_query(request.url.query, api_key=api_key)),
+        url=anthropic_url(runtime, "/v1/messages", query),
         headers=to_upstream(
             request.headers,
             api_key=api_key,
             request_id=request_id,
             identity_encoding=True,
             key_header="x-api-key",
+            strip_credentials=strip,
         ),
-        gateway_credentials=bool(api_key),
+        gateway_credentials=bool(api_key) or strip,
     )
 
 
@@ -97,6 +102,9 @@ messages = prompt_endpoint(
 async def count_tokens(request: Request) -> Response:
     """Relayed to Anthropic as it is: its count is the authority, nothing to fit."""
     runtime: Runtime = request.app.state.runtime
-    api_key = runtime.settings.upstream.anthropic_api_key
-    url = anthropic_url(runtime, request.url.path, upstream_query(request.url.query, api_key=api_key))
-    return await relay_unchanged(request, url, api_key=api_key, key_header="x-api-key")
+    return await relay_unchanged(
+        request,
+        lambda query: anthropic_url(runtime, request.url.path, query),
+        lambda team: runtime.settings.upstream.anthropic_api_key,
+        key_header="x-api-key",
+    )

@@ -1,18 +1,24 @@
 """Every /v1 route other than chat completions: relayed unchanged, bodies streamed both ways.
 
 The path goes upstream as the client encoded it (unsafe ones never get here: gateway.request_path).
+With teams configured: authenticated, held to the team's requests-per-minute limit, and, for a
+team with a model allow-list, the JSON body's ``model`` checked against it (embeddings,
+completions, responses …: no route may reach a model the team may not use).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from yarl import URL
 
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
+from gateway.policy.answers import without_rate_limits
+from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
@@ -23,33 +29,66 @@ RETRYABLE_BODY_LIMIT = 1024 * 1024
 
 async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    api_key = runtime.settings.upstream.api_key
     path = upstream_path(request.scope["raw_path"])
-    url = runtime.upstream.url_for(path, upstream_query(request.url.query, api_key=api_key))
-    return await relay_unchanged(request, url, api_key=api_key)
+    return await relay_unchanged(
+        request, lambda query: runtime.upstream.url_for(path, query), runtime.upstream_key
+    )
 
 
 async def relay_unchanged(
-    request: Request, url: URL, *, api_key: str | None, key_header: str = "authorization"
+    request: Request,
+    url_for: Callable[[str], URL],
+    key_for: Callable[[Team | None], str | None],
+    *,
+    key_header: str = "authorization",
 ) -> Response:
-    """Send the request to ``url`` as it came (the configured key replacing client credentials)
-    and relay the answer as it comes."""
+    """Send the request as it came to ``url_for(query)``, with ``key_for(team)`` as the key when
+    there is one (``key_header``: ``authorization`` or Anthropic's ``x-api-key``), and relay the
+    answer as it comes."""
     runtime: Runtime = request.app.state.runtime
     request_id: str = request.state.request_id
-    body = await _request_body(request, runtime.settings.server.max_passthrough_body_bytes)
+    team = runtime.policy.authenticate(request.headers)
+    limit = runtime.settings.server.max_passthrough_body_bytes
+    body: bytes | _Upload | None
+    if team is not None and team.settings.models is not None:
+        # The whole body is needed to read its model: buffered, within the body limit.
+        whole = await read_body(request, limit)
+        model = body_model(whole)
+        if model is not None:
+            runtime.policy.check_model(team, model)
+        has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
+        body = whole if has_body else None
+    else:
+        body = await _request_body(request, limit)
+    if isinstance(body, bytes) and await request.is_disconnected():
+        raise ClientDisconnect  # nobody would read the answer: the upstream is not called
+    admission = await runtime.policy.admit(team, None) if team is not None else None
+    api_key = key_for(team)
+    strip = team is not None  # the caller's credential is a gateway key: it never crosses
     try:
         reply = await runtime.upstream.send(
             request.method,
-            url,
-            to_upstream(request.headers, api_key=api_key, request_id=request_id, key_header=key_header),
+            url_for(upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)),
+            to_upstream(
+                request.headers,
+                api_key=api_key,
+                request_id=request_id,
+                strip_credentials=strip,
+                key_header=key_header,
+            ),
             body.chunks() if isinstance(body, _Upload) else body,
-            gateway_credentials=bool(api_key),
+            gateway_credentials=bool(api_key) or strip,
         )
     except GatewayError:
         if isinstance(body, _Upload) and body.failure is not None:
             raise body.failure from None  # the client left mid-upload, or sent too much
         raise
-    headers = to_client(reply.headers, request_id=request_id)
+    if admission is None:
+        headers = to_client(reply.headers, request_id=request_id)
+    else:
+        headers = to_client(
+            without_rate_limits(reply.headers), request_id=request_id, extra=admission.headers
+        )
     if reply.content_length is not None:
         headers.append((b"content-length", str(reply.content_length).encode()))
     if reply.response is None or request.method == "HEAD":
@@ -61,6 +100,18 @@ async def relay_unchanged(
         response = StreamingResponse(reply.iter_body(idle), status_code=reply.status)
     response.raw_headers = headers
     return response
+
+
+def body_model(body: bytes) -> str | None:
+    """The ``model`` of a JSON object body (None for anything else: multipart uploads, no body)."""
+    if body[:1024].lstrip()[:1] != b"{":
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else None
 
 
 async def _request_body(request: Request, limit: int) -> bytes | _Upload | None:

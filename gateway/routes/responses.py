@@ -25,8 +25,16 @@ from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.overflow import Overflow
 from gateway.planning import Plan
+from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_upstream, upstream_query
-from gateway.routes.prompt import Dialect, Upstreaming, compressed_retry, plan_default, prompt_endpoint
+from gateway.routes.prompt import (
+    Dialect,
+    Planning,
+    Upstreaming,
+    compressed_retry,
+    plan_default,
+    prompt_endpoint,
+)
 from gateway.runtime import Runtime
 from gateway.tokens.counter import count_request_async, counter_for
 from gateway.wire.responses import RESPONSES
@@ -52,12 +60,21 @@ PREAMBLE_EVENTS = (b"response.created", b"response.in_progress")
 _EVENT_TYPE = re.compile(rb'^data: ?\{"type": ?"([^"]{1,80})"', re.MULTILINE)
 
 
-def _upstream(runtime: Runtime, request: Request, request_id: str) -> Upstreaming:
-    api_key = runtime.settings.upstream.api_key
+def _upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstreaming:
+    request_id: str = request.state.request_id
+    api_key = runtime.upstream_key(team)
+    strip = team is not None  # the caller's credential is a gateway key: it never crosses
+    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
     return Upstreaming(
-        url=runtime.upstream.url_for("/v1/responses", upstream_query(request.url.query, api_key=api_key)),
-        headers=to_upstream(request.headers, api_key=api_key, request_id=request_id, identity_encoding=True),
-        gateway_credentials=bool(api_key),
+        url=runtime.upstream.url_for("/v1/responses", query),
+        headers=to_upstream(
+            request.headers,
+            api_key=api_key,
+            request_id=request_id,
+            identity_encoding=True,
+            strip_credentials=strip,
+        ),
+        gateway_credentials=bool(api_key) or strip,
     )
 
 
@@ -79,9 +96,10 @@ def _truncated_plan(chat: ChatRequest, budget: int | None, tokens: int) -> Plan:
     return Plan(body, budget, tokens, tokens, (SERVER_TRUNCATION,), calibrate=False)
 
 
-async def _plan(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -> Plan:
+async def _plan(runtime: Runtime, planning: Planning) -> Plan:
+    chat, upstream = planning.chat, planning.upstream
     if not server_state(chat):
-        return await plan_default(runtime, chat, upstream)
+        return await plan_default(runtime, planning)
     local = await count_request_async(counter_for(chat.model), chat.view.counted)
     if not _truncating(runtime, chat):
         return Plan(chat.raw, None, local, local, calibrate=False)
@@ -90,6 +108,8 @@ async def _plan(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -> P
     measured = await _measure(runtime, chat, upstream) if window is not None else None
     tokens = measured if measured is not None else local
     budget = None if window is None else runtime.settings.budget.usable(window, chat.view.counted)
+    if planning.cap is not None and (budget is None or planning.cap < budget):
+        budget = planning.cap
     if budget is not None and tokens > budget:
         return _truncated_plan(chat, budget, tokens)
     return Plan(chat.raw, budget, tokens, tokens, calibrate=False)
@@ -117,10 +137,11 @@ async def _measure(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -
 
 
 async def _retry(
-    runtime: Runtime, chat: ChatRequest, sent: Plan, overflow: Overflow, believed: int | None
+    runtime: Runtime, planning: Planning, sent: Plan, overflow: Overflow, believed: int | None
 ) -> Plan | None:
+    chat = planning.chat
     if not server_state(chat):
-        return await compressed_retry(runtime, chat, sent, overflow, believed)
+        return await compressed_retry(runtime, planning, sent, overflow, believed)
     if not _truncating(runtime, chat) or SERVER_TRUNCATION in sent.stages:
         return None
     return _truncated_plan(chat, sent.budget, sent.tokens_before)

@@ -34,6 +34,7 @@ from gateway.tokens.cache import CacheKey, CountCache, message_key
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.encodings import ModelProfile, get_encoding, profile_for
 from gateway.tokens.formats import REPLY_PRIMING, PromptRules, compact_json
+from gateway.tokens.segments import SEGMENT_CHARS, segments
 
 # Shared by every counter made by `counter_for`: the route feeds it the
 # upstream's reported usage and persists it through the store.
@@ -93,7 +94,10 @@ class TokenCounter:
     # --- raw counts ----------------------------------------------------------
 
     def _raw_text(self, text: str) -> int:
-        return len(self.encoding.encode_ordinary(text)) if text else 0
+        if len(text) <= 2 * SEGMENT_CHARS:
+            return len(self.encoding.encode_ordinary(text)) if text else 0
+        # Linear time whatever the text (see segments.py).
+        return sum(len(self.encoding.encode_ordinary(part)) for part in segments(text))
 
     def _raw_message(self, message: Mapping[str, Any]) -> int:
         lookup = self.lookup([message])

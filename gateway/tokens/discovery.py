@@ -158,6 +158,11 @@ def server_root(base_url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def listing_urls(base_url: str) -> frozenset[str]:
+    """The probed URLs whose answer lists every model (the rest are asked per model)."""
+    return frozenset({f"{base_url.rstrip('/')}/models", f"{server_root(base_url)}/api/ps"})
+
+
 async def discover_window(
     fetch: FetchJson, base_url: str, model: str, *, timeout: float
 ) -> Discovered | None:

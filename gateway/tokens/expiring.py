@@ -34,10 +34,6 @@ class ExpiringLRU(Generic[V]):
         self._entries.move_to_end(key)
         return value
 
-    def expires_at(self, key: str) -> float | None:
-        entry = self._entries.get(key)
-        return None if entry is None else entry[1]
-
     def put(self, key: str, value: V, expires_at: float) -> None:
         self._entries[key] = (value, expires_at)
         self._entries.move_to_end(key)

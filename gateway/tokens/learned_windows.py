@@ -69,12 +69,15 @@ class Evidence:
         if self.refused is None:
             return None
         lower = self.accepted or 0
-        if self.refused - lower <= self.refused * CONVERGED_SHARE:
+        if self.converged():
             return lower
         return max(lower + (self.refused - lower) // 2, int(self.refused * BLIND_SHARE))
 
     def converged(self) -> bool:
-        return self.stated is not None or (
+        """Stated, or bounds close enough that the accepted one is the estimate."""
+        if self.stated is not None:
+            return True
+        return (
             self.refused is not None and self.refused - (self.accepted or 0) <= self.refused * CONVERGED_SHARE
         )
 
@@ -178,7 +181,7 @@ class LearnedWindows:
         """Record an overflow; returns the stated window when it was judged plausible.
 
         An implausible statement teaches nothing (the message is suspect as a whole); a refusal
-        that states no window bounds it from above, unless it is below the floor.
+        that states no window bounds it from above when plausible (`_plausible_bound`).
         """
         known = self.get(model)
         window = judge(refusal, known, floor=self.floor)
@@ -213,8 +216,10 @@ class LearnedWindows:
         evidence = replace(self._renewed(model), accepted=demand)
         if evidence.refused is not None and demand >= evidence.refused:
             evidence = replace(evidence, refused=None)  # the window grew: the old bound is stale
-        if evidence.stated is not None and demand > evidence.stated:
-            evidence = replace(evidence, stated=None)  # a stated window the upstream itself exceeded
+        if evidence.stated is not None and demand * UNIT_SLACK > evidence.stated:
+            # The upstream accepted well over its stated window (our count may run a little
+            # high for tokenizers we estimate): the statement is stale.
+            evidence = replace(evidence, stated=None)
         self.put(model, evidence)
         if evidence.stated is None and evidence.refused is None:
             # Nothing bounds the window from above: the lower bound matters only in memory,

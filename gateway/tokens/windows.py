@@ -109,14 +109,14 @@ class WindowResolver:
         overrides: Mapping[str, int] | None = None,
         learned: LearnedWindows | None = None,
         model_map: ModelMap | None = None,
-        discovered: ExpiringLRU[Discovered | None] | None = None,
+        discovered: ExpiringLRU[Discovered] | None = None,
     ) -> None:
         overrides = overrides or {}
         self._overrides = {name: window for name, window in overrides.items() if _positive_int(window)}
         self._override_segments = 1 + max((name.count("/") for name in self._overrides), default=0)
         self.learned = LearnedWindows() if learned is None else learned
         self.model_map = ModelMap() if model_map is None else model_map
-        self.discovered: ExpiringLRU[Discovered | None] = (
+        self.discovered: ExpiringLRU[Discovered] = (
             ExpiringLRU(STATIC_CACHE_SIZE) if discovered is None else discovered
         )
         self._static: OrderedDict[str, ResolvedWindow] = OrderedDict()

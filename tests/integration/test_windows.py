@@ -207,3 +207,26 @@ def test_a_flood_of_model_names_stays_bounded(
     keys = list(redis_client.scan_iter(match=f"{KEY_PREFIX}window:*flood-{tag}-*"))
     assert len(keys) >= 20
     assert all(redis_client.ttl(key) > 0 for key in keys)
+
+
+def test_discovery_carries_the_gateways_key_never_the_clients(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """With an upstream key configured, the gateway's own look-ups use it, like the requests
+    they serve; the model list is fetched once for all new models."""
+    fake_upstream.model_cards = {"served-a": {"max_model_len": 3000}, "served-b": {"max_model_len": 3000}}
+    url = start_gateway(GATEWAY_UPSTREAM_API_KEY="sk-gateway-own-key-0001")
+    for model in ("served-a", "served-b"):
+        answer = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": "Bearer sk-client-secret-9999", "x-api-key": "client-other-key"},
+            timeout=30,
+        )
+        assert answer.status_code == 200
+    looked_up = [r for r in fake_upstream.received if r.path != "/v1/chat/completions"]
+    assert looked_up, "discovery asked nothing"
+    for request in looked_up:
+        assert request.headers.get("authorization") == "Bearer sk-gateway-own-key-0001"
+        assert "client" not in str(request.headers)
+    assert fake_upstream.hits["/v1/models"] == 1

@@ -198,6 +198,8 @@ MODEL = "gpt-4o"
 COUNTER = counter_for(MODEL)
 # A fixed profile: enough examples to reach the drop and protected stages, no deadline (CI is shared).
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The tiny-budget and aggressive properties are narrower: fewer examples cover them (CI time).
+NARROW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def reference_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
@@ -278,7 +280,7 @@ def _unit_of(messages: list[dict[str, Any]], index: int) -> Any:
     return next((u for u in group_units(messages) if u.start <= index < u.end), None)
 
 
-@SETTINGS
+@NARROW
 @given(conversations(max_turns=3), st.integers(1, 60))
 def test_tiny_budgets_refuse_or_fit(messages: list[dict[str, Any]], budget: int) -> None:
     result = fit_or_refuse(messages, budget)
@@ -286,7 +288,7 @@ def test_tiny_budgets_refuse_or_fit(messages: list[dict[str, Any]], budget: int)
         assert result.tokens_after <= budget
 
 
-@SETTINGS
+@NARROW
 @given(
     st.one_of(conversations(), conversations(max_turns=30, texts=short_texts)),
     st.one_of(st.floats(0.02, 1.2), st.just(0.5)),

@@ -1,0 +1,139 @@
+"""Counting a streamed chat completion for a team without changing what its client receives.
+
+A stream reports its usage only when asked (``stream_options.include_usage``). When the client
+did not ask, the gateway asks upstream, and then takes out of the stream exactly what asking
+added, as OpenAI documents it: one extra chunk before ``[DONE]`` with ``"choices": []`` and the
+usage, and a ``"usage": null`` member in every other chunk. The client sees the events it would
+have seen without the gateway.
+
+The null members are removed from the bytes, not by re-encoding the JSON, so everything else in
+the event stays byte for byte. The patterns below can only match JSON structure: inside a JSON
+string a quote is always escaped, so ``,"usage"`` cannot occur there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from gateway.policy.limits import Usage
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')
+# An event still open after this many bytes is relayed as it is (a stream that never ends its
+# events must not make the gateway buffer without bound).
+MAX_PENDING_BYTES = 1024 * 1024
+
+
+def ask_for_usage(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The request with ``stream_options.include_usage`` set, or None if it already asks (or if
+    its stream_options is malformed: the upstream will say so)."""
+    options = payload.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return None
+    return {**payload, "stream_options": {**options, "include_usage": True}}
+
+
+class StreamMeter:
+    """Watches a chat stream's events as they pass: finds the usage, counts content events.
+
+    With ``strip``, returns the stream without what the gateway's own include_usage added;
+    otherwise returns every chunk unchanged (and unbuffered).
+    """
+
+    def __init__(self, *, strip: bool) -> None:
+        self.strip = strip
+        self.usage: tuple[int, int] | None = None
+        # Delta events seen: about one token each, the estimate for a stream that dies early.
+        self.delta_events = 0
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk
+        events = _EVENT_END.split(data)
+        separators = _EVENT_END.findall(data)
+        self._pending = events.pop()
+        if len(self._pending) > MAX_PENDING_BYTES:
+            events.append(self._pending)
+            separators.append(b"")
+            self._pending = b""
+        out = []
+        for event, separator in zip(events, separators, strict=True):
+            kept = self._event(event)
+            if kept or not event:
+                out.append(kept + separator)
+        return b"".join(out) if self.strip else chunk
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        if not rest:
+            return b""
+        kept = self._event(rest)
+        return kept if self.strip else b""
+
+    def _event(self, event: bytes) -> bytes:
+        """The event as the client should get it (b"" to drop it)."""
+        if b'"delta"' in event:
+            self.delta_events += 1
+        if b'"usage"' not in event:
+            return event
+        if self.strip:
+            stripped = _NULL_USAGE.sub(b"", event)
+            if stripped != event:
+                return stripped
+        payload = _data(event)
+        if not isinstance(payload, dict) or not isinstance(payload.get("usage"), dict):
+            return event
+        self.usage = usage_counts(payload["usage"]) or self.usage
+        if self.strip and payload.get("choices") == []:
+            return b""
+        return event
+
+    def settlement(self, prompt_counted: int, saved: int) -> Usage:
+        """The upstream's usage when it sent it; else the gateway's prompt count and the deltas seen."""
+        if self.usage is not None:
+            prompt, completion = self.usage
+        else:
+            prompt, completion = prompt_counted, self.delta_events
+        return Usage(requests=1, prompt=prompt, completion=completion, saved=saved)
+
+
+async def metered(
+    stream: AsyncIterator[bytes], meter: StreamMeter, on_end: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """``stream`` through ``meter``; ``on_end`` runs however it ends (finished, broken, client gone)."""
+    try:
+        async for chunk in stream:
+            out = meter.feed(chunk)
+            if out:
+                yield out
+        tail = meter.flush()
+        if tail:
+            yield tail
+    finally:
+        on_end()
+
+
+def _data(event: bytes) -> object:
+    lines = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    try:
+        return orjson.loads(b"\n".join(lines))
+    except orjson.JSONDecodeError:
+        return None
+
+
+def usage_counts(usage: object) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a ``usage`` object, if it states both (chat completions'
+    prompt/completion_tokens, or the native APIs' input/output_tokens)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    if isinstance(prompt, int) and isinstance(completion, int) and prompt >= 0 and completion >= 0:
+        return prompt, completion
+    return None

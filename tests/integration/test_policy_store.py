@@ -1,0 +1,54 @@
+"""The Redis scripts and the memory fallback run the same arithmetic: same sequence, same answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from gateway.policy.config import TeamLimits
+from gateway.policy.limits import MemoryLimits, RedisLimits, Usage
+
+LIMITS = TeamLimits(tokens_per_minute=60, tokens_per_day=150, requests_per_minute=6)
+# (tokens or None for a request-only check, settlement delta after it)
+STEPS = [(20, -10), (30, 0), (None, 0), (25, 5), (40, 0), (None, 0), (10, -10), (5, 0), (None, 0), (50, 0)]
+
+
+async def replay(limits: RedisLimits | MemoryLimits, team: str) -> list[tuple[str | None, int, int, int]]:
+    seen = []
+    for tokens, delta in STEPS:
+        decision = await limits.admit(team, LIMITS, tokens or 0, requests_only=tokens is None)
+        seen.append(
+            (decision.denied, decision.tokens_remaining, decision.requests_remaining, decision.day_used)
+        )
+        if decision.denied is None and tokens is not None:
+            usage = Usage(1, tokens + delta, 0, 3)
+            await limits.settle(team, LIMITS, decision.day, delta, "gpt-4o", usage)
+    return seen
+
+
+def test_redis_and_memory_agree(redis_url: str) -> None:
+    team = "parity" + uuid.uuid4().hex[:8]
+
+    async def both() -> tuple[list[tuple[str | None, int, int, int]], ...]:
+        shared = RedisLimits(redis_url, timeout=2.0)
+        try:
+            from_redis = await replay(shared, team)
+            from_memory = await replay(MemoryLimits(), team)
+            usage = await shared.usage(team, int(time.time()) // 86400)
+        finally:
+            await shared.close()
+        settled = [
+            tokens + delta
+            for (tokens, delta), step in zip(STEPS, from_redis, strict=True)
+            if tokens is not None and step[0] is None
+        ]
+        assert usage == {"gpt-4o": Usage(len(settled), sum(settled), 0, 3 * len(settled))}
+        return from_redis, from_memory
+
+    from_redis, from_memory = asyncio.run(both())
+    assert [step[0] for step in from_redis] == [step[0] for step in from_memory]
+    assert "tokens" in [step[0] for step in from_redis] and "requests" in [step[0] for step in from_redis]
+    for shared, local in zip(from_redis, from_memory, strict=True):
+        # A token a second flows back: the two runs, a few milliseconds apart, may differ by one.
+        assert abs(shared[1] - local[1]) <= 1 and shared[2:] == local[2:]

@@ -1,0 +1,681 @@
+"""Teams through real gateways, a real Redis and the real openai SDK: keys, limits shared by two
+replicas, the 429 shapes and headers, exact stream accounting, the team cap, usage records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from gateway.cli import main
+from gateway.policy.keys import hash_key
+from gateway.policy.limits import RedisLimits, Usage
+from tests.conftest import GatewayFactory
+from tests.fakes.upstream import FakeUpstream
+
+KEY = "cgw-research-key-0001"
+OTHER_KEY = "cgw-other-team-key-0002"
+UPSTREAM_KEY = "sk-team-upstream-9999"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def team_name() -> str:
+    # A fresh team per test: its Redis keys (hash tag {team:NAME}) never meet another test's.
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def start_team_gateway(
+    start_gateway: GatewayFactory,
+    redis_url: str | None,
+    team: str,
+    discovery: bool = False,
+    **team_settings: Any,
+) -> str:
+    teams = {
+        team: {"keys": [hash_key(KEY)], "upstream_api_key": UPSTREAM_KEY, **team_settings},
+        team + "-other": {"keys": [hash_key(OTHER_KEY)]},
+    }
+    # A generous bound: these tests are about shared limits, not a loaded machine's Redis latency
+    # (the failure tests below set their own).
+    env = {"GATEWAY_TEAMS": json.dumps(teams), "GATEWAY_POLICY_STORE_TIMEOUT": "2"}
+    # Window discovery (GET /v1/models upstream) is off unless asked: tests count upstream requests.
+    env["GATEWAY_WINDOWS_DISCOVERY"] = str(discovery).lower()
+    if redis_url:
+        env["GATEWAY_REDIS_URL"] = redis_url
+    return start_gateway(**env)
+
+
+def client(url: str, key: str = KEY, retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=retries)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and line.split(" ")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def redis_day(redis_url: str) -> int:
+    seconds, _ = redis.Redis.from_url(redis_url).time()
+    return int(seconds) // 86400
+
+
+def recorded_usage(redis_url: str, team: str) -> dict[str, Usage]:
+    async def read() -> dict[str, Usage]:
+        limits = RedisLimits(redis_url, timeout=2.0)
+        try:
+            return await limits.usage(team, redis_day(redis_url))
+        finally:
+            await limits.close()
+
+    return asyncio.run(read())
+
+
+def wait_for(predicate: Any, timeout: float = 15.0) -> None:
+    """Settlement runs after the answer: poll for it instead of sleeping a guessed time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+
+def test_unknown_or_missing_key_is_401_and_never_quoted(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_team_gateway(start_gateway, None, team_name())
+    with pytest.raises(openai.AuthenticationError) as failure:
+        client(url, key="cgw-wrong-key-abcdef").chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert failure.value.code == "invalid_api_key"
+    assert "abcdef" not in failure.value.response.text
+    for path, method in (("/models", "GET"), ("/embeddings", "POST"), ("/chat/completions", "POST")):
+        answer = httpx.request(method, url + path, json={"model": "m", "input": "x"})
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+    assert fake_upstream.received == []  # nothing unauthenticated reached the upstream
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"Bearer " + b"k" * 60_000,
+        b"Bearer \x01\x02\x1b[31mred",
+        b"Bearer \xff\xfe\xc3\x28",
+        b"Basic " + KEY.encode(),
+        b"Bearer",
+        b"Bearer " + KEY.encode() + b"\t",
+        KEY.encode(),
+    ],
+)
+def test_hostile_authorization_headers_are_refused_cleanly(
+    start_gateway: GatewayFactory, value: bytes
+) -> None:
+    url = start_team_gateway(start_gateway, None, team_name())
+    host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
+    body = b'{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}'
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: " + value + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n"
+        b"Connection: close\r\n\r\n" + body
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    status = int(reply.split(b" ", 2)[1])
+    # A trailing tab is stripped by the HTTP parser: that key is the real one.
+    expected = 200 if value.endswith(b"\t") else 401
+    assert status in (expected, 400, 431), reply[:300]
+    assert b"Traceback" not in reply and b"k" * 100 not in reply and b"\x1b" not in reply
+
+
+def test_upstream_never_receives_the_gateway_key(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    team = team_name()
+    url = start_team_gateway(start_gateway, None, team, discovery=True)
+    client(url).chat.completions.create(model="gpt-4o", messages=HELLO)
+    httpx.post(
+        f"{url}/embeddings?api-key={KEY}&api-version=1",
+        json={"model": "text-embedding-3-small", "input": "x"},
+        headers={"Authorization": f"Bearer {KEY}", "x-api-key": KEY, "Cookie": f"s={KEY}"},
+    ).raise_for_status()
+    # A team without its own upstream key, and no upstream.api_key: no credential goes at all.
+    httpx.get(f"{url}/models", headers={"Authorization": f"Bearer {OTHER_KEY}"}).raise_for_status()
+    # The gateway's own requests (window discovery) included.
+    assert any(seen.path == "/v1/models" and seen.method == "GET" for seen in fake_upstream.received[:-1])
+    for seen in fake_upstream.received:
+        assert KEY not in repr(seen.headers) + seen.query and OTHER_KEY not in repr(seen.headers)
+    relayed = [
+        fake_upstream.requests_to("/v1/chat/completions")[-1],
+        fake_upstream.requests_to("/v1/embeddings")[-1],
+        fake_upstream.received[-1],
+    ]
+    assert [seen.headers.get("authorization") for seen in relayed] == [
+        f"Bearer {UPSTREAM_KEY}",
+        f"Bearer {UPSTREAM_KEY}",
+        None,
+    ]
+    assert relayed[1].query == "api-version=1"
+
+
+def test_model_outside_the_team_list_is_model_not_found(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_team_gateway(start_gateway, None, team_name(), models=["gpt-4o-mini", "claude-*"])
+    with pytest.raises(openai.NotFoundError) as failure:
+        client(url).chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert failure.value.code == "model_not_found" and "'gpt-4o'" in failure.value.message
+    assert client(url).chat.completions.create(model="claude-3-5-haiku", messages=HELLO).choices
+    assert len(fake_upstream.received) == 1
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+
+def test_sdk_sees_openai_rate_limit_headers_and_the_429(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    url = start_team_gateway(
+        start_gateway, redis_url, team_name(), limits={"tokens_per_minute": 1000, "requests_per_minute": 100}
+    )
+    fake_upstream.hang_seconds = 1.0
+    held: dict[str, Any] = {}
+
+    def in_flight() -> None:
+        held["raw"] = client(url).chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=HELLO, max_tokens=500, extra_headers={"x-fake-fault": "hang"}
+        )
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    wait_for(lambda: len(fake_upstream.received) == 1)
+    # The first request holds its prompt + 500 tokens until it settles: 600 more cannot fit.
+    with pytest.raises(openai.RateLimitError) as failure:
+        client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=600)
+    thread.join()
+    raw = held["raw"]
+    sent_prompt = int(raw.headers["x-gateway-prompt-tokens-after"])
+    assert raw.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert raw.headers["x-ratelimit-remaining-tokens"] == str(1000 - sent_prompt - 500)
+    assert raw.headers["x-ratelimit-limit-requests"] == "100"
+    assert raw.headers["x-ratelimit-remaining-requests"] == "99"
+    assert re.fullmatch(r"\d+(\.\d+)?s|\d+ms", raw.headers["x-ratelimit-reset-tokens"])
+    error = failure.value
+    headers = error.response.headers
+    assert error.code == "rate_limit_exceeded" and error.body["type"] == "tokens"  # type: ignore[index]
+    # Used: what the first request holds, less the few tokens that flowed back since (16 a second).
+    used = re.search(r"Limit 1000, Used (\d+), Requested (\d+)\.", error.body["message"])  # type: ignore[index]
+    assert used is not None and int(used[2]) == sent_prompt + 600
+    assert sent_prompt + 500 - 40 <= int(used[1]) <= sent_prompt + 500
+    assert float(headers["retry-after"]) >= 1 and int(headers["retry-after-ms"]) > 0
+    assert headers["x-ratelimit-limit-tokens"] == "1000"
+    assert "x-should-retry" not in headers
+
+
+def test_insufficient_quota_is_not_retried_by_the_sdk(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    team = team_name()
+    url = start_team_gateway(start_gateway, redis_url, team, limits={"tokens_per_day": 300})
+    client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=250)
+    wait_for(lambda: metric(url, "gateway_team_tokens_total", team=team, kind="prompt") > 0)
+    before = metric(url, "gateway_team_requests_total", team=team)
+    with pytest.raises(openai.RateLimitError) as failure:
+        client(url, retries=3).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=290)
+    assert failure.value.code == "insufficient_quota"
+    assert failure.value.response.headers["x-should-retry"] == "false"
+    assert "It resets at 00:00 UTC" in failure.value.message
+    # One attempt only: the SDK honoured x-should-retry.
+    assert metric(url, "gateway_team_requests_total", team=team) == before + 1
+    assert len(fake_upstream.received) == 1
+
+
+def test_a_request_larger_than_the_minute_limit_is_told_at_once(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    team = team_name()
+    url = start_team_gateway(start_gateway, redis_url, team, limits={"tokens_per_minute": 1000})
+    with pytest.raises(openai.RateLimitError) as failure:
+        client(url, retries=3).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=2000)
+    assert failure.value.body["message"].startswith(
+        f"Request too large for team {team} on tokens per min (TPM)"
+    )
+    assert "Limit 1000, Requested 20" in failure.value.message
+    assert failure.value.response.headers["x-should-retry"] == "false"
+    assert metric(url, "gateway_team_requests_total", team=team, outcome="too_large") == 1
+    assert fake_upstream.received == []
+
+
+def test_two_replicas_on_one_redis_enforce_one_budget(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    team = team_name()
+    replicas = [
+        start_team_gateway(start_gateway, redis_url, team, limits={"tokens_per_minute": 2000})
+        for _ in range(2)
+    ]
+    # Every admitted request stays in flight, unsettled, until all 20 have been answered or held.
+    fake_upstream.hang_seconds = 6.0
+    statuses: list[int] = []
+    reserved: list[int] = []
+    refused_at: list[float] = []
+    lock = threading.Lock()
+
+    def call(index: int) -> None:
+        answer = httpx.post(
+            replicas[index % 2] + "/chat/completions",
+            json={"model": "gpt-4o", "messages": HELLO, "max_tokens": 192},
+            headers={"Authorization": f"Bearer {KEY}", "x-fake-fault": "hang"},
+            timeout=30,
+        )
+        with lock:
+            statuses.append(answer.status_code)
+            if answer.status_code == 200:
+                reserved.append(int(answer.headers["x-gateway-prompt-tokens-after"]) + 192)
+            else:
+                refused_at.append(time.monotonic())
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_request = reserved[0]
+    # The limit flows back at 2000 tokens a minute: on a slow machine the requests spread over
+    # seconds, and each 6 s lets one more 200-token request in. Nothing settled before the last
+    # refusal (the admitted ones were all still held by the upstream).
+    spread = max(refused_at) - started
+    assert spread < fake_upstream.hang_seconds
+    flowed_back = 2000 * spread / 60
+    # One shared budget: about floor(2000 / 200) admitted in all, not that many per replica.
+    assert 2000 // per_request <= statuses.count(200) <= (2000 + flowed_back) // per_request
+    assert statuses.count(429) == 20 - statuses.count(200)
+    assert sum(reserved) <= 2000 + flowed_back
+
+
+def test_request_limit_covers_every_route(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    url = start_team_gateway(start_gateway, redis_url, team_name(), limits={"requests_per_minute": 3})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    answers = [
+        httpx.get(url + "/models", headers=auth),
+        httpx.post(url + "/embeddings", json={"model": "e", "input": "x"}, headers=auth),
+        httpx.post(url + "/chat/completions", json={"model": "gpt-4o", "messages": HELLO}, headers=auth),
+        httpx.get(url + "/models", headers=auth),
+    ]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in answers] == ["2", "1", "0", "0"]
+    assert answers[3].json()["error"]["type"] == "requests"
+    assert "on requests per min (RPM): Limit 3, Used 3, Requested 1" in answers[3].json()["error"]["message"]
+
+
+# --- accounting --------------------------------------------------------------------------------
+
+
+def normalized(events: bytes) -> bytes:
+    # Two answers of the fake differ only in their serial-numbered id and timestamp.
+    return re.sub(rb'"created":\d+', b"", re.sub(rb"chatcmpl-fake-\d+", b"ID", events))
+
+
+def test_streams_are_counted_exactly_and_the_client_stream_is_unchanged(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    fake_upstream.window = 128_000  # the fake counts exactly, so its usage is the truth
+    team = team_name()
+    url = start_team_gateway(start_gateway, redis_url, team, limits={"tokens_per_minute": 100_000})
+    body = {"model": "gpt-4o", "messages": HELLO * 3, "stream": True, "max_tokens": 50}
+    direct = httpx.post(fake_upstream.base_url + "/chat/completions", json=body).content
+    via_team = httpx.post(url + "/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert normalized(via_team.content) == normalized(direct)
+    assert b'"usage"' not in via_team.content
+    assert fake_upstream.received[-1].json["stream_options"] == {"include_usage": True}
+    # The SDK's own stream parser agrees, and a client that asks for usage gets it.
+    chunks = list(
+        client(url).chat.completions.create(
+            model="gpt-4o", messages=HELLO * 3, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    reported = chunks[-1].usage
+    wait_for(lambda: recorded_usage(redis_url, team).get("gpt-4o", Usage()).requests == 2)
+    usage = recorded_usage(redis_url, team)["gpt-4o"]
+    assert usage.prompt == 2 * reported.prompt_tokens
+    assert usage.completion == 2 * reported.completion_tokens
+
+
+def test_a_client_that_leaves_mid_stream_is_settled(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    fake_upstream.chunk_delay = 0.05
+    team = team_name()
+    url = start_team_gateway(start_gateway, redis_url, team, limits={"tokens_per_minute": 100_000})
+    long_question = [{"role": "user", "content": "one two three four five six seven eight nine ten " * 4}]
+    with httpx.stream(
+        "POST",
+        url + "/chat/completions",
+        json={"model": "gpt-4o", "messages": long_question, "stream": True, "max_tokens": 5000},
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as answer:
+        prompt = int(answer.headers["x-gateway-prompt-tokens-after"])
+        next(answer.iter_raw())
+    wait_for(lambda: "gpt-4o" in recorded_usage(redis_url, team))
+    usage = recorded_usage(redis_url, team)["gpt-4o"]
+    # Settled with the exact prompt and the deltas relayed, not the 5000-token reservation.
+    assert usage.prompt == prompt and 0 < usage.completion < 50
+
+
+def test_usage_command_prints_the_records(
+    fake_upstream: FakeUpstream,
+    start_gateway: GatewayFactory,
+    redis_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake_upstream.window = 128_000
+    team = team_name()
+    url = start_team_gateway(start_gateway, redis_url, team)
+    answer = client(url).chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+    assert answer.usage is not None
+    wait_for(lambda: "gpt-4o-mini" in recorded_usage(redis_url, team))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(f"redis_url: {redis_url}\nteams:\n  {team}:\n    keys: ['{hash_key(KEY)}']\n")
+    assert main(["usage", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith(team))
+    assert row.split() == [
+        team,
+        "gpt-4o-mini",
+        "1",
+        str(answer.usage.prompt_tokens),
+        str(answer.usage.completion_tokens),
+        "0",
+    ]
+    assert main(["usage", "--config", str(config), "--team", team, "--day", "1999-01-01"]) == 0
+    assert "(nothing recorded)" in capsys.readouterr().out
+    assert main(["usage", "--config", str(config), "--day", "yesterday\x1b"]) == 2
+    assert "--day must be a date" in capsys.readouterr().err
+    assert main(["usage", "--config", str(config), "--team", "x}{\n" * 100]) == 2
+    assert "--team must be a team name" in capsys.readouterr().err
+
+
+def test_team_metrics_use_team_names_only(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    team = team_name()
+    url = start_team_gateway(start_gateway, redis_url, team)
+    client(url).chat.completions.create(model="gpt-4o", messages=HELLO)
+    httpx.get(url + "/models", headers={"Authorization": "Bearer cgw-not-a-key-zzz"})
+    wait_for(lambda: metric(url, "gateway_team_tokens_total", team=team, kind="completion") > 0)
+    text = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    assert f'gateway_team_requests_total{{outcome="admitted",team="{team}"}} 1.0' in text
+    assert KEY not in text and "zzz" not in text and hash_key(KEY)[7:] not in text
+
+
+# --- the team cap and compression mode -----------------------------------------------------------
+
+
+def long_conversation() -> list[dict[str, str]]:
+    """About 4500 tokens: fits gpt-4o's window easily, not a 2000-token team cap."""
+    turns: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
+    for index in range(12):
+        turns.append({"role": "user", "content": f"Question {index}: " + "explain the ledger entry " * 40})
+        turns.append(
+            {"role": "assistant", "content": f"Answer {index}: " + "the entry balances debits " * 40}
+        )
+    turns.append({"role": "user", "content": "And the last one?"})
+    return turns
+
+
+@pytest.mark.parametrize(
+    ("mode", "header", "compressed"),
+    [("auto", None, True), ("auto", "off", True), ("off", None, False), ("off", "auto", True)],
+)
+def test_team_cap_compresses_a_prompt_that_fits_the_model_but_not_the_team(
+    fake_upstream: FakeUpstream,
+    start_gateway: GatewayFactory,
+    mode: str,
+    header: str | None,
+    compressed: bool,
+) -> None:
+    url = start_team_gateway(
+        start_gateway, None, team_name(), compression=mode, limits={"max_context_tokens": 2000}
+    )
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if header:
+        headers["x-gateway-compression"] = header
+    answer = httpx.post(
+        url + "/chat/completions",
+        json={"model": "gpt-4o", "messages": long_conversation(), "max_tokens": 100},
+        headers=headers,
+    )
+    assert answer.status_code == 200
+    before = int(answer.headers["x-gateway-prompt-tokens-before"])
+    after = int(answer.headers["x-gateway-prompt-tokens-after"])
+    assert before > 4000
+    sent = fake_upstream.received[-1].json["messages"]
+    if compressed:
+        assert answer.headers["x-gateway-team-cap"] == "2000"
+        assert after <= 2000 < before and answer.headers["x-gateway-compression"] != "none"
+        assert sent[-1]["content"] == "And the last one?" and len(sent) < len(long_conversation())
+    else:
+        assert after == before and answer.headers["x-gateway-compression"] == "none"
+        assert sent == long_conversation()
+
+
+# --- Redis failures ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[Any]:
+    """A redis-server of this test's own on a free port, to stop and start at will (never 6379)."""
+    import shutil
+    import subprocess
+
+    from tests.fakes.serve import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+
+    class OwnRedis:
+        url = f"redis://127.0.0.1:{port}/0"
+        process: subprocess.Popen[bytes] | None = None
+
+        def start(self) -> None:
+            self.process = subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(tmp_path),
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+            wait_for(lambda: self._answers())
+
+        def _answers(self) -> bool:
+            try:
+                return bool(redis.Redis(port=port, socket_timeout=0.2).ping())
+            except redis.RedisError:
+                return False
+
+        def stop(self) -> None:
+            if self.process is not None:
+                self.process.terminate()
+                self.process.wait(5)
+                self.process = None
+
+    server = OwnRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_fail_open_keeps_serving_with_limits_in_memory(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, own_redis: Any
+) -> None:
+    team = team_name()
+    url = start_team_gateway(
+        start_gateway,
+        own_redis.url,
+        team,
+        limits={"tokens_per_minute": 1000},
+    )
+    assert client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=100).choices
+    fallbacks = metric(url, "gateway_policy_fallbacks_total")
+    own_redis.stop()
+    for _ in range(3):
+        assert client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=100).choices
+    assert metric(url, "gateway_policy_fallbacks_total") == fallbacks + 3
+    assert metric(url, "gateway_policy_store_failures_total") >= 1
+    # The per-replica memory limit still holds the line.
+    with pytest.raises(openai.RateLimitError):
+        client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=990)
+    assert len([r for r in fake_upstream.received if r.path.endswith("/chat/completions")]) == 4
+
+
+def test_fail_closed_answers_503_then_recovers(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, own_redis: Any
+) -> None:
+    team = team_name()
+    teams = {team: {"keys": [hash_key(KEY)], "limits": {"tokens_per_minute": 10_000}}}
+    url = start_gateway(
+        GATEWAY_TEAMS=json.dumps(teams),
+        GATEWAY_REDIS_URL=own_redis.url,
+        GATEWAY_WINDOWS_DISCOVERY="false",
+        GATEWAY_POLICY_ON_STORE_FAILURE="closed",
+        GATEWAY_POLICY_BREAKER_COOLDOWN="0.2",
+    )
+    assert client(url).chat.completions.create(model="gpt-4o", messages=HELLO).choices
+    own_redis.stop()
+    with pytest.raises(openai.InternalServerError) as failure:
+        client(url).chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert failure.value.status_code == 503 and failure.value.code == "limits_unavailable"
+    assert failure.value.response.headers["retry-after"] == "1"
+    assert len(fake_upstream.received) == 1  # nothing unchecked went upstream
+    own_redis.start()
+
+    def admitted() -> bool:
+        try:
+            return bool(client(url).chat.completions.create(model="gpt-4o", messages=HELLO).choices)
+        except openai.InternalServerError:
+            return False
+
+    wait_for(admitted)
+
+
+def test_a_stalled_redis_costs_one_bounded_wait_then_the_breaker_opens(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, own_redis: Any
+) -> None:
+    import os
+    import signal
+
+    team = team_name()
+    teams = {team: {"keys": [hash_key(KEY)], "limits": {"requests_per_minute": 1000}}}
+    url = start_gateway(
+        GATEWAY_TEAMS=json.dumps(teams),
+        GATEWAY_REDIS_URL=own_redis.url,
+        GATEWAY_WINDOWS_DISCOVERY="false",
+        GATEWAY_POLICY_STORE_TIMEOUT="0.05",
+        GATEWAY_POLICY_BREAKER_COOLDOWN="60",
+    )
+    assert client(url).models.list().data
+    failures = metric(url, "gateway_policy_store_failures_total")
+    os.kill(own_redis.process.pid, signal.SIGSTOP)  # alive but silent: the slow-Redis case
+    try:
+        for _ in range(5):
+            assert client(url).models.list().data
+    finally:
+        os.kill(own_redis.process.pid, signal.SIGCONT)
+    # Three calls waited out the timeout; the open breaker sent the other two straight to memory.
+    assert metric(url, "gateway_policy_store_failures_total") == failures + 3
+
+
+def test_every_route_keeps_to_the_team_model_list(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-*", "gpt-4o-mini"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    refused = httpx.post(
+        url + "/embeddings", json={"model": "text-embedding-ada-002", "input": "x"}, headers=auth
+    )
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    refused = httpx.post(url + "/responses", json={"model": "gpt-4o", "input": "hi"}, headers=auth)
+    assert refused.status_code == 404 and "'gpt-4o'" in refused.json()["error"]["message"]
+    assert fake_upstream.received == []
+    allowed = [
+        httpx.post(url + "/embeddings", json={"model": "text-embedding-3-small", "input": "x"}, headers=auth),
+        httpx.post(url + "/responses", json={"model": "gpt-4o-mini", "input": "hi"}, headers=auth),
+        httpx.get(url + "/models", headers=auth),
+        httpx.post(
+            url + "/embeddings", content=b"[1, {", headers={**auth, "content-type": "application/json"}
+        ),
+    ]
+    assert [answer.status_code for answer in allowed] == [200, 200, 200, 400]
+    assert fake_upstream.received[2].body == b"" and "content-length" not in fake_upstream.received[2].headers
+
+
+def test_fail_open_replicas_each_take_their_share(
+    fake_upstream: FakeUpstream,
+    start_gateway: GatewayFactory,
+    own_redis: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gateway.policy.replicas.HEARTBEAT_SECONDS", 0.1)
+    team = team_name()
+    replicas = [
+        start_team_gateway(start_gateway, own_redis.url, team, limits={"tokens_per_minute": 1000})
+        for _ in range(2)
+    ]
+    store = redis.Redis.from_url(own_redis.url)
+    wait_for(lambda: store.zcard("context-gateway:replicas") == 2)
+    both_seen = int(store.time()[0])
+    # Once each replica has beaten after that second, each has read a count of 2.
+    wait_for(
+        lambda: (
+            min(score for _, score in store.zrange("context-gateway:replicas", 0, -1, withscores=True))
+            > both_seen
+        )
+    )
+    for url in replicas:  # with Redis, a 600-token request fits the 1000-token budget
+        assert client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=590).choices
+    own_redis.stop()
+    for url in replicas:
+        # Alone, each replica holds to half the budget: the same request no longer fits.
+        with pytest.raises(openai.RateLimitError) as failure:
+            client(url).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=590)
+        assert failure.value.response.headers["x-ratelimit-limit-tokens"] == "500"
+    # Smaller requests still pass: the replica serves, within its share.
+    assert client(replicas[0]).chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=100).choices
