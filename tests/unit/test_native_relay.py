@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.overflow import classify_stream_error
-from gateway.relay import prompt_tokens_from_json, prompt_tokens_from_sse_tail
+from gateway.relay import prompt_tokens, prompt_tokens_from_sse_tail, usage_from_json
 from tests.fakes import anthropic_api, responses_api
 from tests.fakes.answers import Identity, Usage
 
@@ -16,7 +16,7 @@ def test_anthropic_usage_adds_cached_tokens() -> None:
     """Anthropic reports cache reads and writes apart from input_tokens: the prompt is their sum."""
     usage = {**anthropic_api.usage(100, 5), "cache_read_input_tokens": 900, "cache_creation_input_tokens": 40}
     body = anthropic_api.message(IDENTITY, [{"type": "text", "text": "x"}], "end_turn", usage)
-    assert prompt_tokens_from_json(orjson.dumps(body)) == 1040
+    assert prompt_tokens(usage_from_json(orjson.dumps(body))) == 1040
 
 
 def test_anthropic_stream_states_usage_in_message_start() -> None:
@@ -35,7 +35,7 @@ def test_responses_usage_in_completed_event_and_body() -> None:
     events = responses_api.events(IDENTITY, {}, output, Usage(55, 2))
     assert prompt_tokens_from_sse_tail(b"".join(events[-2:])) == 55
     body = responses_api.response(IDENTITY, {}, status="completed", output=output, usage=Usage(55, 2))
-    assert prompt_tokens_from_json(orjson.dumps(body)) == 55
+    assert prompt_tokens(usage_from_json(orjson.dumps(body))) == 55
 
 
 def test_responses_failed_event_is_an_overflow() -> None:
