@@ -262,3 +262,27 @@ def test_broken_stream_ends_with_an_anthropic_error_event(
         ) as stream,
     ):
         stream.get_final_message()
+
+
+def test_teams_hold_the_native_routes(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
+    """With teams, /v1/messages and /v1/responses need a gateway key, keep to the model allow-list,
+    and never pass the gateway key upstream."""
+    from gateway.policy.keys import hash_key
+
+    key = "cg-team-key-0123456789abcdef"
+    teams = {"research": {"keys": [hash_key(key)], "models": ["claude-*"]}}
+    root = windowed(start_gateway, GATEWAY_TEAMS=orjson.dumps(teams).decode())
+    with anthropic.Anthropic(base_url=root, api_key=key, max_retries=0) as client:
+        reply = client.messages.create(model=MODEL, max_tokens=10, messages=[user("hello")])
+        assert reply.content[0].type == "text"
+        assert key not in str(fake_upstream.requests_to("/v1/messages")[-1].headers)
+    stranger = anthropic.Anthropic(base_url=root, api_key="not-a-team-key", max_retries=0)
+    with stranger, pytest.raises(anthropic.AuthenticationError):
+        stranger.messages.create(model=MODEL, max_tokens=10, messages=[user("hello")])
+    refused = httpx.post(
+        f"{root}/v1/responses",
+        json={"model": "gpt-4o", "input": "hi"},
+        headers={"authorization": f"Bearer {key}"},
+    )
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    assert fake_upstream.requests_to("/v1/responses") == []
