@@ -63,8 +63,9 @@ class RequestGuard:
         try:
             await self.app(scope, receive, send_with_id)
         except ClientDisconnect:
-            # The client hung up while sending its body: nobody is left to answer.
-            log.info("client disconnected before its request body was read (request %s)", request_id)
+            # The client hung up (while sending its body, or while the gateway worked): nobody is
+            # left to answer.
+            log.info("client disconnected before its answer (request %s)", request_id)
             status = 499
         except Exception as exc:
             log.error(
