@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.requests import Request
 
 from gateway.policy.enforcer import Team
@@ -10,23 +12,28 @@ from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
 
 
-def _upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstreaming:
-    request_id: str = request.state.request_id
-    api_key = runtime.upstream_key(team)
-    # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
-    strip = team is not None
-    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
-    return Upstreaming(
-        headers=to_upstream(
-            request.headers,
-            api_key=api_key,
-            request_id=request_id,
-            identity_encoding=True,
-            strip_credentials=strip,
-        ),
-        url=runtime.upstream.url_for("/v1/chat/completions", query),  # Azure's api-version rides on it
-        gateway_credentials=bool(api_key) or strip,
-    )
+def openai_upstream(path: str) -> Callable[[Runtime, Request, Team | None], Upstreaming]:
+    """Requests to ``path`` on the OpenAI-compatible upstream (`upstream.base_url`)."""
+
+    def upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstreaming:
+        request_id: str = request.state.request_id
+        api_key = runtime.upstream_key(team)
+        # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
+        strip = team is not None
+        query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+        return Upstreaming(
+            headers=to_upstream(
+                request.headers,
+                api_key=api_key,
+                request_id=request_id,
+                identity_encoding=True,
+                strip_credentials=strip,
+            ),
+            url=runtime.upstream.url_for(path, query),  # Azure's api-version rides on the query
+            gateway_credentials=bool(api_key) or strip,
+        )
+
+    return upstream
 
 
-chat_completions = prompt_endpoint(Dialect(upstream=_upstream))
+chat_completions = prompt_endpoint(Dialect(upstream=openai_upstream("/v1/chat/completions")))

@@ -19,14 +19,12 @@ from __future__ import annotations
 import re
 
 import orjson
-from starlette.requests import Request
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.overflow import Overflow
 from gateway.planning import Plan
-from gateway.policy.enforcer import Team
-from gateway.proxy_headers import to_upstream, upstream_query
+from gateway.routes.chat import openai_upstream
 from gateway.routes.prompt import (
     Dialect,
     Planning,
@@ -58,24 +56,6 @@ MEASURED_FIELDS = (
 SERVER_TRUNCATION = "server_truncation"
 PREAMBLE_EVENTS = (b"response.created", b"response.in_progress")
 _EVENT_TYPE = re.compile(rb'^data: ?\{"type": ?"([^"]{1,80})"', re.MULTILINE)
-
-
-def _upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstreaming:
-    request_id: str = request.state.request_id
-    api_key = runtime.upstream_key(team)
-    strip = team is not None  # the caller's credential is a gateway key: it never crosses
-    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
-    return Upstreaming(
-        url=runtime.upstream.url_for("/v1/responses", query),
-        headers=to_upstream(
-            request.headers,
-            api_key=api_key,
-            request_id=request_id,
-            identity_encoding=True,
-            strip_credentials=strip,
-        ),
-        gateway_credentials=bool(api_key) or strip,
-    )
 
 
 def server_state(chat: ChatRequest) -> bool:
@@ -159,7 +139,7 @@ def _past_preamble(head: bytes) -> bool:
 
 responses = prompt_endpoint(
     Dialect(
-        upstream=_upstream,
+        upstream=openai_upstream("/v1/responses"),
         wire=RESPONSES,
         validate=validate_responses_body,
         plan=_plan,
