@@ -92,6 +92,15 @@ STORE_ERRORS = Counter(
     "Failed calls to the store of learned state (read, write, ping); requests go on without it.",
     ["operation"],
 )
+CONTEXT_WINDOW_STOPS = Counter(
+    "gateway_context_window_stops_total",
+    "Answers the upstream ended because the context window filled up (Anthropic's stop_reason "
+    "model_context_window_exceeded, a 200): reported, not retried.",
+)
+SERVER_TRUNCATIONS = Counter(
+    "gateway_responses_server_truncations_total",
+    "Responses requests with server-side history sent with truncation auto (responses_server_state).",
+)
 # Team label values are configured team names only (never keys, never client text): bounded.
 TEAM_REQUESTS = Counter(
     "gateway_team_requests_total",

@@ -30,6 +30,8 @@ _GATEWAY_REQUEST_ID = GATEWAY_REQUEST_ID.encode()
 # Route label values: a fixed set, whatever paths clients invent.
 _ROUTES = {
     "/v1/chat/completions": "chat_completions",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
     "/healthz": "healthz",
     "/readyz": "readyz",
     "/metrics": "metrics",
