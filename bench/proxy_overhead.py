@@ -12,7 +12,10 @@ Targets, each its own process on 127.0.0.1 (uvicorn, uvloop, httptools, one work
 
 Matrix: small (~200 tokens) and large (~30k tokens, an agent conversation with
 tool calls) chat requests, non-streaming and streaming, at concurrency 1, 8 and
-32. Per cell: latency p50/p99 seen by the client (whole body read) and the
+32; then the same two conversations as Anthropic Messages (`POST /v1/messages`,
+model claude-sonnet-4-5) and Responses (`POST /v1/responses`) bodies, at
+concurrency 1 and 8, each on the gateway's fast path against the same floors.
+Per cell: latency p50/p99 seen by the client (whole body read) and the
 proxy process's CPU time (utime+stime from /proc, all threads) per request.
 
 The machine is small and noisy (2 cores shared by client, upstream and proxy),
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import aiohttp
 import uvloop
-from proxy_payloads import Payload, build
+from proxy_payloads import APIS, Payload, build
 from servers import REPO, Server, bench_environment, start, stop
 
 BENCH = REPO / "bench"
@@ -50,11 +53,16 @@ PROXIES = (FLOOR_HTTPX, FLOOR_AIOHTTP, GATEWAY)
 FLOORS = (FLOOR_HTTPX, FLOOR_AIOHTTP)
 SIZES = ("small", "large")
 CONCURRENCIES = (1, 8, 32)
-CHAT_PATH = "/v1/chat/completions"
 GOAL_CPU_RATIO = 1.2  # the issue's goal: gateway CPU per request ≤ 1.2× the best floor's
 
-Group = tuple[str, bool, int]  # size, stream, concurrency: the rows compared with each other
-GROUPS: tuple[Group, ...] = tuple((s, st, c) for s in SIZES for st in (False, True) for c in CONCURRENCIES)
+NATIVE_CONCURRENCIES = (1, 8)
+
+Group = tuple[str, str, bool, int]  # api, size, stream, concurrency: the rows compared with each other
+GROUPS: tuple[Group, ...] = tuple(
+    ("chat", s, st, c) for s in SIZES for st in (False, True) for c in CONCURRENCIES
+) + tuple(
+    (api, s, st, c) for api in APIS[1:] for s in SIZES for st in (False, True) for c in NATIVE_CONCURRENCIES
+)
 Cell = tuple[Group, str]  # a group and a target
 
 # Bounds, so that a hung target stops the run instead of stalling it.
@@ -105,6 +113,7 @@ def servers(logs: Path) -> Iterator[dict[str, Server]]:
         gateway_env = {
             **env,
             "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
+            "GATEWAY_UPSTREAM_ANTHROPIC_BASE_URL": upstream.origin,
             "GATEWAY_SERVER_LOG_LEVEL": "warning",
         }
         running[GATEWAY] = start(
@@ -158,6 +167,12 @@ async def fire(
     latencies: list[float] = []
     remaining = iter(range(first_nonce, first_nonce + count))
     headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    if payload.api == "anthropic":
+        headers = {
+            "content-type": "application/json",
+            "x-api-key": "sk-bench",
+            "anthropic-version": "2023-06-01",
+        }
 
     async def worker() -> None:
         for nonce in remaining:
@@ -166,7 +181,7 @@ async def fire(
             async with session.post(url, data=body, headers=headers) as reply:
                 content = await reply.read()
             latencies.append(time.perf_counter() - started)
-            if reply.status != 200 or (payload.stream and not content.endswith(b"data: [DONE]\n\n")):
+            if reply.status != 200 or (payload.stream and payload.stream_end not in content[-8192:]):
                 raise RuntimeError(f"{url} answered {reply.status}: {content[:300]!r}")
 
     async with asyncio.timeout(BATCH_TIMEOUT):
@@ -176,7 +191,11 @@ async def fire(
 
 async def check_fast_path(session: aiohttp.ClientSession, gateway: Server, payload: Payload) -> int:
     """The gateway counted the prompt and forwarded it untouched; returns its token count."""
-    async with session.post(gateway.origin + CHAT_PATH, data=payload.body(WARMUP_NONCE_BASE - 1)) as reply:
+    headers = (
+        {"x-api-key": "sk-bench", "anthropic-version": "2023-06-01"} if payload.api == "anthropic" else {}
+    )
+    body = payload.body(WARMUP_NONCE_BASE - 1)
+    async with session.post(gateway.origin + payload.path, data=body, headers=headers) as reply:
         await reply.read()
         compression = reply.headers.get("x-gateway-compression")
         before = reply.headers.get("x-gateway-prompt-tokens-before", "")
@@ -209,7 +228,7 @@ async def row_group(
         for name in TARGETS[shift:] + TARGETS[:shift]:
             latencies[name] += await fire(
                 session,
-                running[name].origin + CHAT_PATH,
+                running[name].origin + payload.path,
                 payload,
                 first_nonce=first_nonce + index * per_slice,
                 count=per_slice,
@@ -226,21 +245,32 @@ async def row_group(
     return samples
 
 
-async def measure(running: dict[str, Server], plan: Plan) -> tuple[dict[Cell, list[Sample]], dict[str, int]]:
+async def measure(
+    running: dict[str, Server], plan: Plan
+) -> tuple[dict[Cell, list[Sample]], dict[tuple[str, str], int]]:
     """Every cell of the matrix, once per round; also the gateway's prompt counts of both sizes."""
-    payloads = {(size, stream): build(size, stream) for size in SIZES for stream in (False, True)}
+    payloads = {
+        (api, size, stream): build(size, stream, api)
+        for api in APIS
+        for size in SIZES
+        for stream in (False, True)
+    }
     samples: dict[Cell, list[Sample]] = {}
-    connector = aiohttp.TCPConnector(limit=2 * max(CONCURRENCIES), limit_per_host=0)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive closes them: reusing one the
+    # server is closing fails the request (a race, not the target's fault).
+    connector = aiohttp.TCPConnector(limit=2 * max(CONCURRENCIES), limit_per_host=0, keepalive_timeout=4.0)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         tokens = {
-            size: await check_fast_path(session, running[GATEWAY], payloads[size, False]) for size in SIZES
+            (api, size): await check_fast_path(session, running[GATEWAY], payloads[api, size, False])
+            for api in APIS
+            for size in SIZES
         }
         for name in TARGETS:
-            for (size, _), payload in payloads.items():
+            for (_, size, _), payload in payloads.items():
                 await fire(
                     session,
-                    running[name].origin + CHAT_PATH,
+                    running[name].origin + payload.path,
                     payload,
                     first_nonce=WARMUP_NONCE_BASE,
                     count=plan.warmup[size],
@@ -248,11 +278,11 @@ async def measure(running: dict[str, Server], plan: Plan) -> tuple[dict[Cell, li
                 )
         for round_index in range(plan.rounds):
             for group_index, group in enumerate(GROUPS):
-                size, stream, concurrency = group
+                api, size, stream, concurrency = group
                 measured = await row_group(
                     session,
                     running,
-                    payloads[size, stream],
+                    payloads[api, size, stream],
                     # The same bodies for every target of the group, new ones for each group and round.
                     first_nonce=(round_index * len(GROUPS) + group_index) * CELL_NONCE_STRIDE,
                     count=plan.requests[size],
@@ -291,15 +321,18 @@ def report(
     samples: dict[Cell, list[Sample]],
     running: dict[str, Server],
     plan: Plan,
-    tokens: dict[str, int],
+    tokens: dict[tuple[str, str], int],
 ) -> None:
     sizes = "; ".join(
-        f"{size}: {tokens[size]} prompt tokens, {build(size, False).length} bytes" for size in SIZES
+        f"{api} {size}: {tokens[api, size]} prompt tokens, {build(size, False, api).length} bytes"
+        for api in APIS
+        for size in SIZES
     )
     print()
     print(
         f"Proxy overhead: medians of {plan.rounds} rounds; {plan.requests['small']} small / "
-        f"{plan.requests['large']} large requests per cell; model gpt-4o, fast path (no compression)."
+        f"{plan.requests['large']} large requests per cell; models gpt-4o (chat, responses) and "
+        "claude-sonnet-4-5 (anthropic), fast path (no compression)."
     )
     print(f"  {sizes} (tokens as counted by the gateway).")
     print(
@@ -308,23 +341,26 @@ def report(
     )
     print("+p50: p50 added vs direct. ×best: gateway ÷ best floor on that column (h httpx, a aiohttp).")
     header = (
-        f"{'size':<6}{'stream':<7}{'conc':>4}  {'target':<14}{'p50 ms':>8}{'p99 ms':>8}{'+p50 ms':>9}"
+        f"{'api':<10}{'size':<6}{'stream':<7}{'conc':>4}  {'target':<14}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'+p50 ms':>9}"
         f"{'CPU/req ms':>11}{'+p50 ×best':>12}{'CPU ×best':>11}  goal"
     )
     print(header)
     print("-" * len(header))
     met = 0
-    for size, stream, concurrency in GROUPS:
-        rows = {name: summarize(samples[(size, stream, concurrency), name]) for name in TARGETS}
+    for api, size, stream, concurrency in GROUPS:
+        rows = {name: summarize(samples[(api, size, stream, concurrency), name]) for name in TARGETS}
         added = {name: rows[name].p50 - rows[DIRECT].p50 for name in TARGETS}
         cpu = {name: row.cpu for name, row in rows.items() if row.cpu is not None}
         best_latency = min(FLOORS, key=added.__getitem__)
         best_cpu = min(FLOORS, key=cpu.__getitem__)
         for name in TARGETS:
             row = rows[name]
-            lead = f"{size:<6}{'yes' if stream else 'no':<7}{concurrency:>4}" if name == DIRECT else ""
+            lead = (
+                f"{api:<10}{size:<6}{'yes' if stream else 'no':<7}{concurrency:>4}" if name == DIRECT else ""
+            )
             line = (
-                f"{lead:<17}  {name:<14}{row.p50:>8.2f}{row.p99:>8.2f}"
+                f"{lead:<27}  {name:<14}{row.p50:>8.2f}{row.p99:>8.2f}"
                 f"{'—' if name == DIRECT else f'{added[name]:+.2f}':>9}"
                 f"{f'{cpu[name]:.2f}' if name in cpu else '—':>11}"
             )

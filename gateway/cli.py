@@ -263,6 +263,8 @@ def _usage(args: argparse.Namespace) -> int:
     if not rows:
         print("(nothing recorded)")
     return 0
+
+
 def _windows(args: argparse.Namespace) -> int:
     import asyncio
 

@@ -34,6 +34,15 @@ GATEWAY_OVERHEAD = Histogram(
     "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
+CONTEXT_WINDOW_STOPS = Counter(
+    "gateway_context_window_stops_total",
+    "Answers the upstream ended because the context window filled up (Anthropic's stop_reason "
+    "model_context_window_exceeded, a 200): reported, not retried.",
+)
+SERVER_TRUNCATIONS = Counter(
+    "gateway_responses_server_truncations_total",
+    "Responses requests with server-side history sent with truncation auto (responses_server_state).",
+)
 # Team label values are configured team names only (never keys, never client text): bounded.
 TEAM_REQUESTS = Counter(
     "gateway_team_requests_total",

@@ -25,7 +25,13 @@ log = logging.getLogger("gateway")
 
 _GATEWAY_REQUEST_ID = GATEWAY_REQUEST_ID.encode()
 # Route label values: a fixed set, whatever paths clients invent.
-_ROUTES = {"/v1/chat/completions": "chat_completions", "/healthz": "healthz", "/metrics": "metrics"}
+_ROUTES = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+    "/healthz": "healthz",
+    "/metrics": "metrics",
+}
 
 
 def route_label(path: str) -> str:

@@ -100,6 +100,10 @@ class UpstreamSettings:
     base_url: str = "https://api.openai.com/v1"
     # When set, replaces the caller's Authorization; when empty, the caller's key passes through.
     api_key: str | None = None
+    # Where POST /v1/messages goes (Anthropic's API; the path /v1/messages is appended).
+    anthropic_base_url: str = "https://api.anthropic.com"
+    # When set, sent as x-api-key on /v1/messages instead of the caller's credentials.
+    anthropic_api_key: str | None = None
     max_connections: int = 1000
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     retries: RetrySettings = field(default_factory=RetrySettings)
@@ -233,6 +237,9 @@ def _check(settings: Settings) -> list[str]:
     upstream_problem = http_url_problem(settings.upstream.base_url)
     if upstream_problem:
         problems.append(f"upstream.base_url {upstream_problem}")
+    anthropic_problem = http_url_problem(settings.upstream.anthropic_base_url)
+    if anthropic_problem:
+        problems.append(f"upstream.anthropic_base_url {anthropic_problem}")
     if settings.server.log_level.lower() not in LOG_LEVELS:
         problems.append(
             f"server.log_level must be one of {', '.join(LOG_LEVELS)}, got {settings.server.log_level!r}"
@@ -312,7 +319,7 @@ def is_loopback(host: str) -> bool:
 def open_relay(settings: Settings) -> bool:
     """An upstream key anyone on the network could spend (teams are gateway keys: not one)."""
     return (
-        bool(settings.upstream.api_key)
+        bool(settings.upstream.api_key or settings.upstream.anthropic_api_key)
         and not settings.teams
         and not settings.server.allow_unauthenticated
         and not is_loopback(settings.server.host)
