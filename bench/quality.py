@@ -31,6 +31,12 @@ strict validator of that API; the native shapes should score as chat does.
 It ends with the time to fit a ~1M-token conversation into 128k against the
 time to merely count it once.
 
+With --scaling it prints only the cost of one fit as the input grows far past
+the budget (median of --repeats runs, each with a cold token-count cache,
+beside the time to merely count the same input once): 1k/10k/100k short chat
+messages into 8k, 1k/10k/20k tiny agent steps into 2k, and one 1/5/10 MB
+message on a single line into 8k. Linear work keeps fit/count about constant.
+
 Baselines, implemented here:
   keep-newest      system messages + the newest messages that fit
   middle-out       delete whole messages from the middle outward until it fits (OpenRouter)
@@ -59,10 +65,13 @@ from bench.conversations import (
     Conversation,
     Message,
     agent_loop,
+    chatter,
     conversation,
     growing,
     huge,
     loop_requests,
+    one_line,
+    tiny_steps,
 )
 from bench.native_shapes import to_anthropic, to_responses
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
@@ -338,6 +347,36 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
         print()
 
 
+SCALING = (
+    ("chat messages", 8_000, [(f"{n:,}", partial(chatter, 0, n)) for n in (1_000, 10_000, 100_000)]),
+    ("agent steps", 2_000, [(f"{n:,}", partial(tiny_steps, 0, n)) for n in (1_000, 10_000, 20_000)]),
+    ("one message", 8_000, [(f"{mb} MB", partial(one_line, 0, mb)) for mb in (1, 5, 10)]),
+)
+
+
+def print_scaling(repeats: int) -> None:
+    """Time per fit against input size, beside the time to count the same input once."""
+    header = (
+        f"{'shape':<14} {'size':>8} {'tokens':>11} {'budget':>6} "
+        f"{'count ms':>9} {'fit ms':>9} {'fit/count':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for shape, budget, sizes in SCALING:
+        for label, build in sizes:
+            messages = build()
+            MESSAGE_COUNTS.clear()
+            start = time.perf_counter()
+            tokens = COUNTER.messages(messages)
+            count_s = time.perf_counter() - start
+            fit_s = statistics.median(timed(gateway_fit, messages, budget)[1] for _ in range(repeats))
+            print(
+                f"{shape:<14} {label:>8} {tokens:>11,} {budget:>6,} {count_s * 1000:9.0f} "
+                f"{fit_s * 1000:9.0f} {fit_s / count_s:9.1f}",
+                flush=True,
+            )
+
+
 Shape = tuple[WireFormat, Callable[[list[Message]], dict[str, Any]], Callable[[dict[str, Any]], object]]
 SHAPES: dict[str, Shape] = {
     "chat": (
@@ -446,6 +485,8 @@ def main() -> None:
     )
     parser.add_argument("--growing-steps", type=int, default=80, help="steps of the growing loops")
     parser.add_argument("--only-loops", action="store_true", help="print only the agent-loop table")
+    parser.add_argument("--scaling", action="store_true", help="print only the time per fit as inputs grow")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per --scaling row (median)")
     parser.add_argument("--only-shapes", action="store_true", help="print only the table of API shapes")
     parser.add_argument(
         "--option",
@@ -465,6 +506,9 @@ def main() -> None:
         methods["context-gateway"] = partial(gateway_fit, options=options)
     loop_methods = {name: method for name, method in methods.items() if name in LOOP_METHODS}
     steps = [int(n) for n in args.loop_steps.split(",")]
+    if args.scaling:
+        print_scaling(args.repeats)
+        return
     if args.only_loops:
         print_loops(loop_methods, args.seeds, steps, args.growing_steps)
         return
