@@ -429,3 +429,52 @@ def stated(kind: str, seed: int, turns: int = 24) -> Stated:
     else:
         codes.pop("tool_error")
     return Stated(kind, messages, codes, stale)
+
+
+# Shapes for the scaling table (bench/quality.py --scaling): sizes far past any budget, where
+# only the work per message or per character shows.
+
+
+def chatter(seed: int, messages: int) -> list[Message]:
+    """A system prompt and `messages` short user/assistant messages (a chat bot's long history)."""
+    rng = random.Random(seed)
+    out: list[Message] = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i in range(messages):
+        out.append({"role": "user" if i % 2 == 0 else "assistant", "content": sentence(rng)})
+    if out[-1]["role"] != "user":
+        out.append({"role": "user", "content": "And now?"})
+    return out
+
+
+def tiny_steps(seed: int, steps: int) -> list[Message]:
+    """One task answered by `steps` tiny tool steps (an agent polling or listing in a loop)."""
+    rng = random.Random(seed)
+    out: list[Message] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Find the stale worker and fix it."},
+    ]
+    for i in range(steps):
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": orjson.dumps({"path": f"src/{i}.py"}).decode()},
+        }
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        out.append({"role": "tool", "tool_call_id": f"call_{i}", "content": sentence(rng)})
+    return out
+
+
+def one_line(seed: int, megabytes: float) -> list[Message]:
+    """A system prompt and one user message of `megabytes` of text on one line, without sentence ends
+    (a pasted minified file or log): the text is split into pieces at spaces."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    size = 0
+    while size < megabytes * 1_000_000:
+        word = f"{rng.choice(ADJS)}_{rng.choice(NOUNS)}={rng.randrange(1000)}"
+        words.append(word)
+        size += len(word) + 1
+    return [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": " ".join(words)},
+    ]

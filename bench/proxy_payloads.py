@@ -1,4 +1,5 @@
-"""Request bodies for bench/proxy_overhead.py: a small chat and a large agent conversation.
+"""Request bodies for bench/proxy_overhead.py: a small chat and a large agent conversation,
+as chat completions, Anthropic Messages or Responses bodies (the same content).
 
 Deterministic (seeded) English-like text, so every run sends the same bytes.
 Each request differs from the previous one only in a fixed-width number at the
@@ -12,12 +13,27 @@ measure a fully cached count; sending all-new bodies would measure a cold one.
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+# Run as a script from bench/: the native converters live in the bench package and use tests.fakes.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.native_shapes import to_anthropic, to_responses
+
 MODEL = "gpt-4o"
+CLAUDE_MODEL = "claude-sonnet-4-5"
+APIS = ("chat", "anthropic", "responses")
+PATHS = {"chat": "/v1/chat/completions", "anthropic": "/v1/messages", "responses": "/v1/responses"}
+# The last bytes of a complete streamed answer, per API.
+STREAM_ENDS = {
+    "chat": b"data: [DONE]\n\n",
+    "anthropic": b'data: {"type":"message_stop"}\n\n',
+    "responses": b"\n\n",
+}
 NONCE_WIDTH = 8
 _SLOT = "@@NONCE@@"
 
@@ -115,6 +131,15 @@ class Payload:
     stream: bool
     head: bytes
     tail: bytes
+    api: str = "chat"
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.api]
+
+    @property
+    def stream_end(self) -> bytes:
+        return STREAM_ENDS[self.api]
 
     def body(self, nonce: int) -> bytes:
         return self.head + str(nonce % 10**NONCE_WIDTH).zfill(NONCE_WIDTH).encode() + self.tail
@@ -124,18 +149,35 @@ class Payload:
         return len(self.head) + NONCE_WIDTH + len(self.tail)
 
 
-def build(size: str, stream: bool) -> Payload:
+def build(size: str, stream: bool, api: str = "chat") -> Payload:
     # The same seed whatever `stream` is: the two differ only in their stream fields.
     rng = random.Random(f"proxy-overhead-{size}")
-    body: dict[str, Any] = {"model": MODEL}
-    if size == "small":
-        body["messages"] = small_messages(rng)
+    messages = small_messages(rng) if size == "small" else large_messages(rng)
+    tools = TOOLS if size == "large" else []
+    body: dict[str, Any]
+    if api == "anthropic":
+        body = to_anthropic(messages, CLAUDE_MODEL)
+        if tools:
+            body["tools"] = [
+                {
+                    "name": t["function"]["name"],
+                    "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"],
+                }
+                for t in tools
+            ]
+    elif api == "responses":
+        body = to_responses(messages, MODEL)
+        if tools:
+            body["tools"] = [{"type": "function", **t["function"]} for t in tools]
     else:
-        body["messages"] = large_messages(rng)
-        body["tools"] = TOOLS
+        body = {"model": MODEL, "messages": messages}
+        if tools:
+            body["tools"] = tools
     if stream:
-        # Usage in the stream, as SDK users ask for it: the gateway reads it back.
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        if api == "chat":
+            # Usage in the stream, as SDK users ask for it: the gateway reads it back.
+            body["stream_options"] = {"include_usage": True}
     head, tail = orjson.dumps(body).split(_SLOT.encode())
-    return Payload(size, stream, head, tail)
+    return Payload(size, stream, head, tail, api)

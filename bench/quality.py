@@ -1,7 +1,7 @@
 """Compression quality benchmark: context-gateway's `fit` against three baselines.
 
     python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000] [--agent-loop]
-                            [--only-loops] [--loop-steps 25,60,160] [--option KEY=VALUE ...]
+                            [--only-loops] [--loop-steps 25,60,160] [--option KEY=VALUE ...] [--only-shapes]
 
 For budgets of 1/1.5, 1/3 and 1/10 of each generated conversation's size it
 prints, per method: fits %, strict-API-valid % (tests/fakes/validation.py),
@@ -23,6 +23,11 @@ stability over growing loops that send a request after every step; against
 keep-newest and progressive-cap. `--option KEY=VALUE` runs context-gateway
 with another compression setting (as in config/gateway.example.yaml), to
 weigh budget use against cache stability.
+Then the gateway on the same conversations written in each API's own shape
+(bench/native_shapes.py): chat completions, Anthropic Messages and OpenAI
+Responses, fitted through gateway.wire, validated by the fake upstream's
+strict validator of that API; the native shapes should score as chat does.
+--only-shapes prints that table alone.
 It ends with the time to fit a ~1M-token conversation into 128k against the
 time to merely count it once.
 
@@ -34,6 +39,12 @@ size, fitted with the digest on (the default) and off (a bare marker, as
 before), beside two baselines: survival % of each planted code; `stale`, the
 % of fits that keep the old value without its correction (the model would act
 on it); `in-acct`, the % whose accounts (digest markers) carry the old value.
+
+With --scaling it prints only the cost of one fit as the input grows far past
+the budget (median of --repeats runs, each with a cold token-count cache,
+beside the time to merely count the same input once): 1k/10k/100k short chat
+messages into 8k, 1k/10k/20k tiny agent steps into 2k, and one 1/5/10 MB
+message on a single line into 8k. Linear work keeps fit/count about constant.
 
 Baselines, implemented here:
   keep-newest      system messages + the newest messages that fit
@@ -66,15 +77,24 @@ from bench.conversations import (
     Message,
     Stated,
     agent_loop,
+    chatter,
     conversation,
     growing,
     huge,
     loop_requests,
+    one_line,
     stated,
+    tiny_steps,
 )
+from bench.native_shapes import to_anthropic, to_responses
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
+from gateway.wire.anthropic import ANTHROPIC
+from gateway.wire.base import CHAT, WireFormat
+from gateway.wire.fitting import fit_request
+from gateway.wire.responses import RESPONSES
+from tests.fakes import anthropic_api, responses_api
 from tests.fakes.validation import validate_chat_messages
 
 MODEL = "gpt-4o"
@@ -389,6 +409,128 @@ def print_digest(seeds: int, options: CompressionOptions) -> None:
         print()
 
 
+SCALING = (
+    ("chat messages", 8_000, [(f"{n:,}", partial(chatter, 0, n)) for n in (1_000, 10_000, 100_000)]),
+    ("agent steps", 2_000, [(f"{n:,}", partial(tiny_steps, 0, n)) for n in (1_000, 10_000, 20_000)]),
+    ("one message", 8_000, [(f"{mb} MB", partial(one_line, 0, mb)) for mb in (1, 5, 10)]),
+)
+
+
+def print_scaling(repeats: int) -> None:
+    """Time per fit against input size, beside the time to count the same input once."""
+    header = (
+        f"{'shape':<14} {'size':>8} {'tokens':>11} {'budget':>6} "
+        f"{'count ms':>9} {'fit ms':>9} {'fit/count':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for shape, budget, sizes in SCALING:
+        for label, build in sizes:
+            messages = build()
+            MESSAGE_COUNTS.clear()
+            start = time.perf_counter()
+            tokens = COUNTER.messages(messages)
+            count_s = time.perf_counter() - start
+            fit_s = statistics.median(timed(gateway_fit, messages, budget)[1] for _ in range(repeats))
+            print(
+                f"{shape:<14} {label:>8} {tokens:>11,} {budget:>6,} {count_s * 1000:9.0f} "
+                f"{fit_s * 1000:9.0f} {fit_s / count_s:9.1f}",
+                flush=True,
+            )
+
+
+Shape = tuple[WireFormat, Callable[[list[Message]], dict[str, Any]], Callable[[dict[str, Any]], object]]
+SHAPES: dict[str, Shape] = {
+    "chat": (
+        CHAT,
+        lambda messages: {"model": MODEL, "messages": messages},
+        lambda body: validate_chat_messages(body["messages"]),
+    ),
+    "anthropic": (ANTHROPIC, lambda messages: to_anthropic(messages, MODEL), anthropic_api.validate),
+    "responses": (
+        RESPONSES,
+        lambda messages: to_responses(messages, MODEL),
+        lambda body: responses_api.validate(body, responses_api.ResponsesState()),
+    ),
+}
+
+
+def fit_shape(wire: WireFormat, body: dict[str, Any], budget: int) -> dict[str, Any] | None:
+    view = wire.view(body)
+    try:
+        out, _, _ = fit_request(
+            wire,
+            body,
+            view,
+            model=MODEL,
+            budget=budget,
+            tokens=COUNTER.request(view.counted),
+            options=CompressionOptions(),
+        )
+    except ContextBudgetExceeded:
+        return None
+    return body if out is None else out
+
+
+def shape_tokens(wire: WireFormat, body: dict[str, Any]) -> int:
+    return COUNTER.request(wire.view(body).counted)
+
+
+def evaluate_shape(shape: Shape, conversations: list[Conversation], ratio: float) -> dict[str, float]:
+    wire, build, validate = shape
+    rows: dict[str, list[float]] = {key: [] for key in ("fits", "valid", "kept", "time", *KINDS)}
+    for conv in conversations:
+        body = build(conv.messages)
+        size = shape_tokens(wire, body)
+        budget = int(size / ratio)
+        MESSAGE_COUNTS.clear()
+        start = time.perf_counter()
+        out = fit_shape(wire, body, budget)
+        rows["time"].append(time.perf_counter() - start)
+        fits = out is not None and shape_tokens(wire, out) <= budget
+        rows["fits"].append(float(fits))
+        rows["valid"].append(float(out is not None and validate(out) is None))
+        rows["kept"].append(shape_tokens(wire, out) / size if out else 0.0)
+        dumped = orjson.dumps(out).decode() if out else ""
+        for kind in KINDS:
+            rows[kind].append(float(fits and conv.canaries[kind] in dumped))
+    result = {key: 100 * statistics.fmean(values) for key, values in rows.items() if key != "time"}
+    result["p50_ms"] = 1000 * statistics.median(rows["time"])
+    return result
+
+
+def shape_stability(shape: Shape, requests: list[list[Message]], ratio: float) -> float:
+    wire, build, _ = shape
+    bodies = [build(request) for request in requests]
+    budget = int(shape_tokens(wire, bodies[-1]) / ratio)
+    outputs = [fit_shape(wire, body, budget) for body in bodies]
+    views = [wire.view(out).messages if out else [] for out in outputs]
+    shares = [prefix_share(a, b) for a, b in itertools.pairwise(views) if a and b]
+    return statistics.fmean(shares) if shares else 0.0
+
+
+def print_shapes(conversations: list[Conversation], requests: list[list[Message]]) -> None:
+    print("context-gateway on the same conversations in each API's shape")
+    header = (
+        f"{'budget':>7} {'shape':<10} {'fits':>5} {'valid':>5} "
+        + " ".join(f"{k.split('_')[0][:8]:>8}" for k in KINDS)
+        + f" {'kept':>5} {'p50 ms':>8} {'prefix':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for ratio in RATIOS:
+        for name, shape in SHAPES.items():
+            r = evaluate_shape(shape, conversations, ratio)
+            stable = shape_stability(shape, requests, ratio)
+            print(
+                f"{'1/' + format(ratio, 'g'):>7} {name:<10} {r['fits']:5.0f} {r['valid']:5.0f} "
+                + " ".join(f"{r[k]:8.0f}" for k in KINDS)
+                + f" {r['kept']:5.0f} {r['p50_ms']:8.1f} {stable:6.3f}",
+                flush=True,
+            )
+        print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -405,6 +547,9 @@ def main() -> None:
     )
     parser.add_argument("--growing-steps", type=int, default=80, help="steps of the growing loops")
     parser.add_argument("--only-loops", action="store_true", help="print only the agent-loop table")
+    parser.add_argument("--scaling", action="store_true", help="print only the time per fit as inputs grow")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per --scaling row (median)")
+    parser.add_argument("--only-shapes", action="store_true", help="print only the table of API shapes")
     parser.add_argument(
         "--option",
         action="append",
@@ -427,12 +572,18 @@ def main() -> None:
         methods["context-gateway"] = partial(gateway_fit, options=options)
     loop_methods = {name: method for name, method in methods.items() if name in LOOP_METHODS}
     steps = [int(n) for n in args.loop_steps.split(",")]
+    if args.scaling:
+        print_scaling(args.repeats)
+        return
     if args.only_loops:
         print_loops(loop_methods, args.seeds, steps, args.growing_steps)
         return
 
     conversations = [conversation(kind, seed) for kind in CONVERSATION_KINDS for seed in range(args.seeds)]
     requests = growing(0, args.turns)
+    if args.only_shapes:
+        print_shapes(conversations, requests)
+        return
     loop = growing(0, args.turns, agent_loop=True) if args.agent_loop else []
     final = COUNTER.messages(requests[-1])
     sizes = [COUNTER.messages(c.messages) for c in conversations]
@@ -470,6 +621,7 @@ def main() -> None:
         print()
 
     print_loops(loop_methods, args.seeds, steps, args.growing_steps)
+    print_shapes(conversations, requests)
 
     big = huge(0, args.huge_tokens)
     MESSAGE_COUNTS.clear()

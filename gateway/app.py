@@ -12,17 +12,25 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.middleware import RequestGuard
 from gateway.request_path import PathGuard
 from gateway.routes.chat import chat_completions
-from gateway.routes.health import healthz, metrics
+from gateway.routes.health import healthz, metrics_endpoint, readyz
+from gateway.routes.messages import count_tokens, messages
 from gateway.routes.passthrough import passthrough
+from gateway.routes.responses import responses
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.tokens.encodings import warm_up
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+def anthropic_route(request: Request) -> bool:
+    """Errors on Anthropic's routes are written in Anthropic's shape, which its SDKs parse."""
+    return request.url.path.startswith("/v1/messages")
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -39,23 +47,28 @@ def create_app(settings: Settings) -> Starlette:
             yield
         finally:
             await runtime.close()
+            metrics.process_exiting()
 
     async def gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
-        return exc.response()
+        return exc.response(anthropic=anthropic_route(request))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = (
             f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404 else exc.detail
         )
-        return GatewayError(exc.status_code, message).response()
+        return GatewayError(exc.status_code, message).response(anthropic=anthropic_route(request))
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/v1/{path:path}", passthrough, methods=ALL_METHODS),
         ],
         exception_handlers={

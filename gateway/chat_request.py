@@ -1,15 +1,18 @@
-"""Reading and validating a chat-completions request before anything else looks at it."""
+"""Reading and validating a prompt request (chat completions, Anthropic Messages, Responses)
+before anything else looks at it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import orjson
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from gateway.wire.base import CHAT, ChatView, WireFormat
 from gateway.wire.chat import validate_chat_body
 
 CompressionMode = Literal["off", "auto", "aggressive"]
@@ -23,11 +26,12 @@ class ChatRequest:
     model: str
     stream: bool
     mode: CompressionMode
+    wire: WireFormat = field(default=CHAT)
 
-    @property
-    def messages(self) -> list[Any]:
-        messages: list[Any] = self.payload["messages"]
-        return messages
+    @cached_property
+    def view(self) -> ChatView:
+        """The prompt as compress/ and the counter see it (chat-shaped, whatever the wire format)."""
+        return self.wire.view(self.payload)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -51,18 +55,26 @@ def body_too_large(limit: int) -> GatewayError:
     )
 
 
-def parse_chat_request(raw: bytes, headers: Mapping[str, str]) -> ChatRequest:
+def parse_chat_request(
+    raw: bytes,
+    headers: Mapping[str, str],
+    *,
+    validate: Callable[[object, bytes], None] = validate_chat_body,
+    wire: WireFormat = CHAT,
+) -> ChatRequest:
+    """Parse and validate a body of `wire`'s format (chat completions unless told otherwise)."""
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}.") from None
-    validate_chat_body(payload, raw)
+    validate(payload, raw)
     return ChatRequest(
         raw=raw,
         payload=payload,
         model=payload["model"],
         stream=payload.get("stream") is True,
         mode=compression_mode(headers),
+        wire=wire,
     )
 
 

@@ -31,6 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--config", help="YAML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="listen port (default 8080)")
+    serve.add_argument(
+        "--workers",
+        help="worker processes: a number, or auto (one per usable CPU); default server.workers, 1",
+    )
 
     compress = commands.add_parser("compress", help="dry-run the compression of a request body")
     compress.add_argument("--model", required=True)
@@ -117,14 +121,17 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.request_log import configure_logging
+    from gateway.server.cpus import worker_count
     from gateway.server.run import serve
 
-    settings = load_settings(args.config, server_overrides={"host": args.host, "port": args.port})
-    logging.basicConfig(
-        level=settings.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    settings = load_settings(
+        args.config, server_overrides={"host": args.host, "port": args.port, "workers": args.workers}
     )
-    log.info("%s", startup_line(settings, args.config))
-    serve(settings, host=settings.server.host, port=settings.server.port)
+    configure_logging(settings.server.log_format, settings.server.log_level)
+    workers = worker_count(settings.server.workers)
+    log.info("%s; %d worker process%s", startup_line(settings, args.config), workers, "es" * (workers > 1))
+    serve(settings, args.config)
     return 0
 
 
@@ -300,6 +307,8 @@ def _usage(args: argparse.Namespace) -> int:
     if not rows:
         print("(nothing recorded)")
     return 0
+
+
 def _windows(args: argparse.Namespace) -> int:
     import asyncio
 

@@ -1,38 +1,105 @@
-"""Prometheus metrics, served at GET /metrics."""
+"""Prometheus metrics, served at GET /metrics.
+
+Label values are bounded sets only (route families, status classes, stage names, outcomes,
+model names the operator or litellm's map knows, else "other"), never free text a client
+chooses. With several worker processes (``serve --workers N``) every worker writes its values
+to files in ``PROMETHEUS_MULTIPROC_DIR`` and a scrape of any worker adds them all up
+(prometheus-client's multiprocess mode).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import os
+
+from prometheus_client import REGISTRY as PROCESS_REGISTRY
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Whole requests, streams included: a long generation takes minutes.
+REQUEST_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 
 REQUESTS = Counter(
     "gateway_requests_total",
     "Requests answered, the gateway's own errors included, by route and status class.",
     ["route", "status"],
 )
-COMPRESSIONS = Counter(
-    "gateway_compression_stages_total", "Compression stages applied to chat requests.", ["stage"]
+REQUEST_DURATION = Histogram(
+    "gateway_request_duration_seconds",
+    "Whole requests, from arrival to the last byte relayed (streams included), by route and status class.",
+    ["route", "status"],
+    buckets=REQUEST_BUCKETS,
+)
+IN_FLIGHT = Gauge(
+    "gateway_requests_in_flight",
+    "Requests being handled right now, streams included.",
+    multiprocess_mode="livesum",
+)
+UPSTREAM_DURATION = Histogram(
+    "gateway_upstream_duration_seconds",
+    "From sending a request upstream to its response headers, retries included, by status class "
+    "(error: unreachable or timed out).",
+    ["status"],
+    buckets=REQUEST_BUCKETS,
+)
+UPSTREAM_RETRIES = Counter(
+    "gateway_upstream_retries_total", "Extra upstream attempts after connection errors, 429 or 5xx."
+)
+GATEWAY_OVERHEAD = Histogram(
+    "gateway_request_overhead_seconds",
+    "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+PROMPT_TOKENS = Counter(
+    "gateway_prompt_tokens_total", "Prompt tokens of chat requests as received (before compression)."
 )
 PROMPT_TOKENS_SAVED = Counter(
     "gateway_prompt_tokens_saved_total", "Prompt tokens removed by compression before forwarding."
 )
+COMPRESSIONS = Counter(
+    "gateway_compression_stages_total", "Compression stages applied to chat requests.", ["stage"]
+)
 OVERFLOW_RETRIES = Counter(
     "gateway_overflow_retries_total", "Upstream context overflows answered by a compressed retry.", ["result"]
 )
-UPSTREAM_RETRIES = Counter(
-    "gateway_upstream_retries_total", "Extra upstream attempts after connection errors, 429 or 5xx."
+REFUSALS = Counter(
+    "gateway_context_refusals_total", "Requests refused because they could not be made to fit."
 )
 SILENT_TRUNCATIONS = Counter(
     "gateway_upstream_silent_truncations_total",
     "Answers whose reported prompt tokens were far below what was sent (upstream truncated silently).",
     ["model"],
 )
-REFUSALS = Counter(
-    "gateway_context_refusals_total", "Requests refused because they could not be made to fit."
+STORE_ERRORS = Counter(
+    "gateway_store_errors_total",
+    "Failed calls to the store of learned state (read, write, ping); requests go on without it.",
+    ["operation"],
 )
-GATEWAY_OVERHEAD = Histogram(
-    "gateway_request_overhead_seconds",
-    "Time spent in the gateway before the upstream request was sent (parse, count, compress).",
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+CONTEXT_WINDOW_STOPS = Counter(
+    "gateway_context_window_stops_total",
+    "Answers the upstream ended because the context window filled up (Anthropic's stop_reason "
+    "model_context_window_exceeded, a 200): reported, not retried.",
+)
+SERVER_TRUNCATIONS = Counter(
+    "gateway_responses_server_truncations_total",
+    "Responses requests with server-side history sent with truncation auto (responses_server_state).",
 )
 SUMMARIES = Counter(
     "gateway_summaries_total",
@@ -80,3 +147,22 @@ WINDOW_EVIDENCE = Counter(
     "size (no window stated), or an implausible stated window that was ignored.",
     ["kind"],
 )
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx"
+
+
+def exposition() -> bytes:
+    """The text a scrape gets: this process's metrics, or every worker's added up."""
+    if os.environ.get(MULTIPROC_DIR_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest(PROCESS_REGISTRY)
+
+
+def process_exiting() -> None:
+    """A worker's live gauges (requests in flight) stop counting once it is gone."""
+    if os.environ.get(MULTIPROC_DIR_ENV):
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]

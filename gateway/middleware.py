@@ -4,13 +4,15 @@ Starlette's own handler for unexpected exceptions answers, then re-raises: uvico
 full traceback (which may quote request data) and the client's keep-alive connection is left
 in a state where its next request is reset. Here an unexpected exception is logged as one line
 with the request id, answered as an OpenAI-shaped 500 with ``Connection: close``, and not raised
-further. Every answer — the gateway's own errors included — carries ``x-gateway-request-id``
-and is counted in ``gateway_requests_total``.
+further. Every answer — the gateway's own errors included — carries ``x-gateway-request-id``,
+is counted and timed in the request metrics, and gets its one log line (gateway.request_log)
+once its last byte is sent.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
@@ -20,12 +22,22 @@ from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.log_safety import printable
 from gateway.proxy_headers import GATEWAY_REQUEST_ID, request_id_for
+from gateway.request_log import RequestRecord, log_request
 
 log = logging.getLogger("gateway")
 
 _GATEWAY_REQUEST_ID = GATEWAY_REQUEST_ID.encode()
 # Route label values: a fixed set, whatever paths clients invent.
-_ROUTES = {"/v1/chat/completions": "chat_completions", "/healthz": "healthz", "/metrics": "metrics"}
+_ROUTES = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+    "/healthz": "healthz",
+    "/readyz": "readyz",
+    "/metrics": "metrics",
+}
+# Probes and scrapes arrive every few seconds from every kubelet and Prometheus: counted, not logged.
+_UNLOGGED_ROUTES = {"healthz", "readyz", "metrics"}
 
 
 def route_label(path: str) -> str:
@@ -41,8 +53,12 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         request_id = request_id_for(Headers(scope=scope))
-        scope.setdefault("state", {})["request_id"] = request_id
+        record = RequestRecord(request_id, scope["method"], route_label(scope["path"]))
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["record"] = record
         status = 0
+        metrics.IN_FLIGHT.inc()
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -75,7 +91,15 @@ class RequestGuard:
             # Otherwise the answer had started: returning without finishing it makes uvicorn close
             # the connection, so the client sees a broken transfer, not a complete-looking one.
         finally:
-            metrics.REQUESTS.labels(route_label(scope["path"]), f"{status // 100}xx").inc()
+            metrics.IN_FLIGHT.dec()
+            record.status = status
+            status_class = metrics.status_class(status)
+            metrics.REQUESTS.labels(record.route, status_class).inc()
+            metrics.REQUEST_DURATION.labels(record.route, status_class).observe(
+                time.perf_counter() - record.started
+            )
+            if record.route not in _UNLOGGED_ROUTES:
+                log_request(record)
 
 
 async def _answer_500(send: Send, request_id: str) -> None:

@@ -492,7 +492,9 @@ def _is_error_object(value: object) -> bool:
         return bool(value) and _is_error_object(value[0])  # Gemini: [{"error": {...}}]
     if not isinstance(value, dict):
         return False
-    return bool(value.get("error")) or value.get("object") == "error" or value.get("type") == "error"
+    # The Responses API ends a stream that failed with a `response.failed` event carrying the error.
+    kind = value.get("type")
+    return bool(value.get("error")) or value.get("object") == "error" or kind in ("error", "response.failed")
 
 
 def _looks_like_json(text: str) -> bool:

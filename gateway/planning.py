@@ -12,13 +12,14 @@ from starlette.requests import ClientDisconnect
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
-from gateway.compress import ContextBudgetExceeded, fit
+from gateway.compress import ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, FitResult, with_summaries
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
 from gateway.tokens.learned_windows import Refusal
 from gateway.tokens.windows import requested_output
+from gateway.wire.fitting import fit_request
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -47,6 +48,8 @@ class Plan:
     capped: bool = False
     # The exact count of a prompt already known to fit, running while the upstream works.
     counting: asyncio.Task[int] | None = None
+    # False when the upstream's usage will cover more than was counted (history it keeps itself).
+    calibrate: bool = True
 
     async def settle(self) -> None:
         """Wait for a count still running (the headers and calibration need it)."""
@@ -75,13 +78,14 @@ async def plan_request(
     """
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
+    counted = chat.view.counted
     capped = False
     if budget is None and chat.mode != "off":
         window = runtime.windows.resolve_window(chat.model)
         if window.source == "bisected" and window.tokens is not None:
             budget = bisected_budget(runtime, chat, window.tokens)
         elif window.tokens is not None:
-            budget = runtime.settings.budget.usable(window.tokens, chat.payload)
+            budget = runtime.settings.budget.usable(window.tokens, counted)
         if cap is not None and (budget is None or cap < budget):
             budget, capped = cap, True
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
@@ -89,10 +93,10 @@ async def plan_request(
             chat.raw,
             budget,
             capped=capped,
-            counting=asyncio.create_task(count_request_async(counter, chat.payload)),
+            counting=asyncio.create_task(count_request_async(counter, counted)),
         )
-    tokens = await count_request_async(counter, chat.payload)
-    if tokens <= budget and chat.mode != "aggressive":
+    tokens = await count_request_async(counter, counted)
+    if (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
         return Plan(chat.raw, budget, tokens, tokens, capped=capped)
     if client_gone is not None and await client_gone():
         raise ClientDisconnect
@@ -131,7 +135,7 @@ async def _with_summaries(
     summarized = with_summaries(result, summaries, model=chat.model)
     if summarized is result:  # (none found, or "": a span whose summary failed keeps the digest)
         return plan
-    body = orjson.dumps({**chat.payload, "messages": summarized.messages})
+    body = orjson.dumps(chat.wire.emit(chat.payload, chat.view, summarized.messages))
     tokens_after = plan.tokens_after + summarized.tokens_after - result.tokens_after
     return Plan(body, plan.budget, plan.tokens_before, tokens_after, summarized.stages, summarized)
 
@@ -148,14 +152,14 @@ def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:
 def _fitted_plan(
     runtime: Runtime, chat: ChatRequest, counter: TokenCounter, tokens: int, budget: int
 ) -> Plan:
-    messages = chat.messages
-    # Tool definitions, functions and response_format count against the budget but are never cut.
-    fixed = tokens - counter.messages(messages)
     try:
-        result = fit(
-            messages,
+        body, result, fixed = fit_request(
+            chat.wire,
+            chat.payload,
+            chat.view,
             model=chat.model,
-            budget_tokens=budget - fixed,
+            budget=budget,
+            tokens=tokens,
             options=runtime.settings.compression,
             aggressive=chat.mode == "aggressive",
         )
@@ -163,24 +167,23 @@ def _fitted_plan(
         metrics.REFUSALS.inc()
         raise GatewayError(
             400,
-            f"This request needs at least {exc.minimum + fixed} prompt tokens even after compression, "
-            f"but the usable budget (model window or team cap) is {budget} tokens "
+            f"This request needs at least {exc.minimum + tokens - exc.tokens} prompt tokens even after "
+            f"compression, but the usable budget (model window or team cap) is {budget} tokens "
             f"(prompt was {tokens} tokens). "
             "Shorten the system prompt or the latest message.",
-            param="messages",
+            param=chat.wire.prompt_field,
             code="context_length_exceeded",
             headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},
         ) from None
-    if not result.stages:
+    if body is None:
         return Plan(chat.raw, budget, tokens, tokens)
-    body = orjson.dumps({**chat.payload, "messages": result.messages})
-    return Plan(body, budget, tokens, result.tokens_after + fixed, tuple(result.stages), result)
+    return Plan(orjson.dumps(body), budget, tokens, result.tokens_after + fixed, tuple(result.stages), result)
 
 
 def demand(chat: ChatRequest, plan: Plan) -> int:
     """What a request asks of the window: its prompt (as counted) plus the output it asked for.
     Without max_tokens upstreams check the prompt alone, so nothing is added."""
-    return plan.tokens_after + (requested_output(chat.payload) or 0)
+    return plan.tokens_after + (requested_output(chat.view.counted) or 0)
 
 
 def bisected_budget(runtime: Runtime, chat: ChatRequest, estimate: int) -> int:
@@ -189,7 +192,7 @@ def bisected_budget(runtime: Runtime, chat: ChatRequest, estimate: int) -> int:
     The estimate is in demand units, measured on this model's own answers: only the output
     this request asks for and the safety margin come off, not a default output reserve.
     """
-    output = requested_output(chat.payload) or 0
+    output = requested_output(chat.view.counted) or 0
     # The margin covers counting noise, which scales with the prompt: small windows keep most of it.
     margin = min(runtime.settings.budget.safety_margin, estimate // BISECTED_MARGIN_DIVISOR)
     return max(1, estimate - output - margin)
@@ -238,7 +241,9 @@ def overflow_retry_budget(
         return None
     cfg = runtime.settings.budget
     # An input limit covers the prompt alone: no room to reserve for the answer.
-    budget = max(0, window - cfg.safety_margin) if overflow.input_limit else cfg.usable(window, chat.payload)
+    budget = (
+        max(0, window - cfg.safety_margin) if overflow.input_limit else cfg.usable(window, chat.view.counted)
+    )
     if overflow.prompt_tokens and overflow.prompt_tokens > sent.tokens_after:
         budget = budget * sent.tokens_after // overflow.prompt_tokens
     return max(1, min(ceiling, int(budget * OVERFLOW_RETRY_HEADROOM)))

@@ -37,6 +37,7 @@ def to_upstream(
     api_key: str | None,
     request_id: str,
     identity_encoding: bool = False,
+    key_header: str = "authorization",
     strip_credentials: bool = False,
 ) -> list[tuple[str, str]]:
     """The client's headers minus hop-by-hop ones; the configured key replaces every client credential.
@@ -45,7 +46,8 @@ def to_upstream(
     gateway's own key (teams), which must never reach the upstream.
 
     ``identity_encoding`` asks the upstream for an uncompressed answer, for the routes whose
-    answer the gateway reads (usage, overflow errors).
+    answer the gateway reads (usage, overflow errors). ``key_header`` is where the key goes:
+    ``authorization`` (as a Bearer token, OpenAI) or ``x-api-key`` (as is, Anthropic).
     """
     out = forward_headers(headers.items())
     drop = {REQUEST_ID}
@@ -55,7 +57,7 @@ def to_upstream(
         drop.add("accept-encoding")
     out = [(name, value) for name, value in out if name.lower() not in drop]
     if api_key:
-        out.append(("authorization", f"Bearer {api_key}"))
+        out.append((key_header, f"Bearer {api_key}" if key_header == "authorization" else api_key))
     out.append((REQUEST_ID, request_id))
     return out
 

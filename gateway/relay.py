@@ -1,4 +1,10 @@
-"""Relaying a chat answer to the client, and reading what the gateway learns from it."""
+"""Relaying an answer to the client, and reading what the gateway learns from it.
+
+Any of the three prompt APIs: usage is `prompt_tokens` (chat completions), `input_tokens`
+(Responses: cached tokens included) or `input_tokens` + `cache_creation_input_tokens` +
+`cache_read_input_tokens` (Anthropic: cached tokens reported apart), at the top of a body
+or event or inside its `message` (Anthropic's message_start) or `response` (Responses).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ TAIL_BYTES = 4096
 TAIL_CHUNKS = 4
 
 
+ErrorEvent = Callable[[str, str], bytes]  # (message, code) -> one SSE event in the API's own shape
+
+
 def sse_error_event(message: str, code: str) -> bytes:
     """An OpenAI-style error event: the SDKs raise it as an APIError instead of hanging."""
     return b"data: " + error_body(message, type="server_error", code=code) + b"\n\n"
@@ -29,6 +38,7 @@ async def relay_sse(
     *,
     idle_timeout: float,
     on_complete: Callable[[bytes], None],
+    error_event: ErrorEvent = sse_error_event,
 ) -> AsyncIterator[bytes]:
     """Yield the stream as it comes; a stalled or broken upstream ends it with an error event.
 
@@ -42,23 +52,37 @@ async def relay_sse(
             recent.append(chunk)
             yield chunk
     except TimeoutError:
-        yield sse_error_event(
+        yield error_event(
             f"The upstream stream stalled for more than {idle_timeout:g} s or ran past the gateway's "
             "total time limit; the gateway closed it.",
             "upstream_idle_timeout",
         )
         return
     except aiohttp.ClientError:
-        yield sse_error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
+        yield error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
         return
     on_complete(b"".join(recent)[-TAIL_BYTES:])
 
 
-async def first_chunk(reply: UpstreamReply, idle_timeout: float) -> tuple[bytes, AsyncGenerator[bytes, None]]:
-    """The stream's first bytes (to look for an error event inside a 200) and the rest of it."""
+async def first_chunk(
+    reply: UpstreamReply,
+    idle_timeout: float,
+    complete: Callable[[bytes], bool] = lambda head: True,
+    limit: int = 16 * 1024,
+) -> tuple[bytes, AsyncGenerator[bytes, None]]:
+    """The stream's first bytes (to look for an error event inside a 200) and the rest of it.
+
+    More chunks are read while ``complete(head)`` is False, up to ``limit`` bytes: an API
+    that opens every stream with the same events reports an error only after them.
+    """
     body = reply.iter_body(idle_timeout)
     try:
-        first = await anext(body, b"")
+        head = await anext(body, b"")
+        while head and not complete(head) and len(head) < limit:
+            more = await anext(body, b"")
+            if not more:
+                break
+            head += more
     except TimeoutError:
         await body.aclose()
         # Nothing has reached the client yet: answer with a proper status, not an unhandled error.
@@ -70,39 +94,56 @@ async def first_chunk(reply: UpstreamReply, idle_timeout: float) -> tuple[bytes,
         raise upstream_broken(
             f"The upstream connection broke before the stream's first event ({type(exc).__name__})."
         ) from None
-    return first, body
+    return head, body
 
 
 def usage_from_json(body: bytes) -> object:
-    """The ``usage`` member of a non-streamed answer (None if it has none)."""
+    """The ``usage`` of a non-streamed answer, at its top or in its ``message`` / ``response``
+    (None if it has none)."""
     try:
-        return orjson.loads(body).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
+        return _usage_of(orjson.loads(body))
+    except orjson.JSONDecodeError:
         return None
 
 
 def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
-    """``usage.prompt_tokens`` from the last usage-bearing event of a stream's tail."""
+    """The prompt tokens of the last usage-bearing event of a stream's tail (or head)."""
     for event in reversed(tail.split(b"\n\n")):
-        line = event.strip()
-        if not line.startswith(b"data:") or b'"usage"' not in line:
+        if b'"usage"' not in event:
             continue
-        try:
-            usage = orjson.loads(line[5:]).get("usage")
-        except (orjson.JSONDecodeError, AttributeError):
-            continue
-        tokens = prompt_tokens(usage)
-        if tokens is not None:
-            return tokens
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                tokens = prompt_tokens(_usage_of(orjson.loads(line[5:])))
+            except orjson.JSONDecodeError:
+                continue
+            if tokens is not None:
+                return tokens
+    return None
+
+
+def _usage_of(payload: object) -> object:
+    if not isinstance(payload, dict):
+        return None
+    for holder in (payload, payload.get("message"), payload.get("response")):
+        if isinstance(holder, dict) and isinstance(holder.get("usage"), dict):
+            return holder["usage"]
     return None
 
 
 def prompt_tokens(usage: object) -> int | None:
-    if isinstance(usage, dict):
-        value = usage.get("prompt_tokens")
-        if isinstance(value, int) and value >= 0:
-            return value
-    return None
+    """The prompt tokens a usage object reports, cached ones included."""
+    if not isinstance(usage, dict):
+        return None
+    value = usage.get("prompt_tokens", usage.get("input_tokens"))
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return None
+    for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+        extra = usage.get(cached)
+        if isinstance(extra, int) and not isinstance(extra, bool) and extra > 0:
+            value += extra
+    return value
 
 
 async def cancel_safely(stream: AsyncGenerator[bytes, None]) -> None:

@@ -59,6 +59,9 @@ class Runtime:
     # refreshed next (in the background); bounded LRUs.
     _refreshed: ExpiringLRU[bool] = field(init=False)
     _discovery_done: ExpiringLRU[float] = field(init=False)
+    # Reads of learned state in flight: concurrent requests for a model wait for the one read
+    # instead of planning without what it brings (a worker's first burst would overflow again).
+    _loading: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # One discovery per model at a time, whatever the number of concurrent first requests.
     _discovering: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # The upstream's model lists (at most two URLs), with the time they go stale.
@@ -112,6 +115,18 @@ class Runtime:
     async def load_learned(self, model: str) -> None:
         """Adopt what other replicas learned: the window every `windows.store_refresh_seconds`
         (so a `windows forget` reaches every replica), the calibration once per model and process."""
+        loading = self._loading.get(model)
+        if loading is None:
+            if model in self._refreshed and model in self._loaded:
+                self._loaded.move_to_end(model)
+                return
+            loading = asyncio.ensure_future(self._load(model))
+            self._loading[model] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(model, None))
+        # Shielded: one caller going away must not cancel the read the others wait for.
+        await asyncio.shield(loading)
+
+    async def _load(self, model: str) -> None:
         try:
             if model not in self._refreshed:
                 self._refreshed.put(model, True, time.time() + self.settings.windows.store_refresh_seconds)
@@ -124,6 +139,7 @@ class Runtime:
                 self._loaded.popitem(last=False)
             await self.calibration.load(self.store, model)
         except Exception as exc:  # a store outage must not fail requests
+            metrics.STORE_ERRORS.labels("read").inc()
             log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
     async def discover(self, model: str, headers: list[tuple[str, str]]) -> None:
@@ -252,4 +268,5 @@ class Runtime:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            metrics.STORE_ERRORS.labels("write").inc()
             log.warning("background store write failed: %s", type(task.exception()).__name__)

@@ -46,6 +46,8 @@ class ConfigError(ValueError):
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+LOG_FORMATS = ("json", "text")
+MAX_WORKERS = 512
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 MAX_DISCOVERY_TIMEOUT = 30.0
 
@@ -62,6 +64,12 @@ class ServerSettings:
     # An upstream key, no gateway keys and a non-loopback address make an open relay: refused
     # at start-up unless the operator says this is what they mean.
     allow_unauthenticated: bool = False
+    # Worker processes (serve --workers): a number, or "auto" / 0 for one per usable CPU.
+    workers: str = "1"
+    # json: one JSON object per log line (request lines included); text: for people.
+    log_format: str = "text"
+    # After SIGTERM, how long in-flight requests and streams may take to finish before they are cut.
+    shutdown_grace_seconds: float = 60.0
     # Open client connections; beyond it the oldest idle one is closed, else the new one.
     # Lowered at start-up to fit under the process's open-file limit.
     max_connections: int = 4096
@@ -100,6 +108,10 @@ class UpstreamSettings:
     base_url: str = "https://api.openai.com/v1"
     # When set, replaces the caller's Authorization; when empty, the caller's key passes through.
     api_key: str | None = None
+    # Where POST /v1/messages goes (Anthropic's API; the path /v1/messages is appended).
+    anthropic_base_url: str = "https://api.anthropic.com"
+    # When set, sent as x-api-key on /v1/messages instead of the caller's credentials.
+    anthropic_api_key: str | None = None
     max_connections: int = 1000
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     retries: RetrySettings = field(default_factory=RetrySettings)
@@ -257,10 +269,26 @@ def _check(settings: Settings) -> list[str]:
     upstream_problem = http_url_problem(settings.upstream.base_url)
     if upstream_problem:
         problems.append(f"upstream.base_url {upstream_problem}")
+    anthropic_problem = http_url_problem(settings.upstream.anthropic_base_url)
+    if anthropic_problem:
+        problems.append(f"upstream.anthropic_base_url {anthropic_problem}")
     if settings.server.log_level.lower() not in LOG_LEVELS:
         problems.append(
             f"server.log_level must be one of {', '.join(LOG_LEVELS)}, got {settings.server.log_level!r}"
         )
+    log_format = settings.server.log_format
+    if log_format not in LOG_FORMATS:
+        problems.append(f"server.log_format must be one of {', '.join(LOG_FORMATS)}, got {log_format[:40]!r}")
+    workers = settings.server.workers
+    if not (
+        workers == "auto"
+        or (len(workers) <= 3 and workers.isascii() and workers.isdigit() and int(workers) <= MAX_WORKERS)
+    ):
+        problems.append(
+            f"server.workers must be auto or a number from 0 to {MAX_WORKERS}, got {workers[:40]!r}"
+        )
+    if settings.server.shutdown_grace_seconds > 86400:
+        problems.append("server.shutdown_grace_seconds must be at most 86400")
     if not 1 <= settings.server.port <= 65535:
         problems.append(f"server.port must be between 1 and 65535, got {settings.server.port}")
     if settings.redis_url:
@@ -363,7 +391,7 @@ def is_loopback(host: str) -> bool:
 def open_relay(settings: Settings) -> bool:
     """An upstream key anyone on the network could spend (teams are gateway keys: not one)."""
     return (
-        bool(settings.upstream.api_key)
+        bool(settings.upstream.api_key or settings.upstream.anthropic_api_key)
         and not settings.teams
         and not settings.server.allow_unauthenticated
         and not is_loopback(settings.server.host)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 
 import aiohttp
 import orjson
@@ -29,6 +30,7 @@ from tenacity import (
 )
 from yarl import URL
 
+from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.settings import UpstreamSettings
 
@@ -167,6 +169,26 @@ def forward_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]
     return [(n, v) for n, v in pairs if n.lower() not in HOP_BY_HOP and n.lower() not in connection_tokens]
 
 
+P = ParamSpec("P")
+
+
+def _timed(send: Callable[P, Awaitable[UpstreamReply]]) -> Callable[P, Awaitable[UpstreamReply]]:
+    """Time ``send`` into ``gateway_upstream_duration_seconds`` by status class (error: raised)."""
+
+    @functools.wraps(send)
+    async def timed(*args: P.args, **kwargs: P.kwargs) -> UpstreamReply:
+        started = time.perf_counter()
+        status = "error"
+        try:
+            reply = await send(*args, **kwargs)
+            status = metrics.status_class(reply.status)
+            return reply
+        finally:
+            metrics.UPSTREAM_DURATION.labels(status).observe(time.perf_counter() - started)
+
+    return timed
+
+
 class Upstream:
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
@@ -194,6 +216,7 @@ class Upstream:
         raw = self._base + rest + (f"?{query}" if query else "")
         return URL(raw, encoded=True)
 
+    @_timed
     async def send(
         self,
         method: str,

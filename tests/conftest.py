@@ -59,7 +59,11 @@ def start_gateway(fake_upstream: FakeUpstream) -> Iterator[GatewayFactory]:
     with ExitStack() as stack:
 
         def start(**environ: str) -> str:
-            settings = load_settings(None, {"GATEWAY_UPSTREAM_BASE_URL": fake_upstream.base_url, **environ})
+            upstreams = {
+                "GATEWAY_UPSTREAM_BASE_URL": fake_upstream.base_url,
+                "GATEWAY_UPSTREAM_ANTHROPIC_BASE_URL": fake_upstream.base_url.removesuffix("/v1"),
+            }
+            settings = load_settings(None, {**upstreams, **environ})
             app = create_app(settings)
             url = stack.enter_context(serve_in_thread(app, **server_options(settings.server)))
             return f"{url}/v1"

@@ -48,7 +48,9 @@ ALERTS = (
 )
 _DIGITS_TO_HASH = str.maketrans("0123456789", "##########")
 EDGE_CHARS = 8  # a line whose opening and ending (digits masked) are unique is no template
-_SENTENCE_END = re.compile(r"(?<=[.!?;。！？；])\s+|(?<=[。！？；])")
+# Sentence ends: match.end() is where the next sentence starts. The punctuation is
+# matched, not looked behind at: the same ends, found a few times faster on long text.
+_SENTENCE_END = re.compile(r"[.!?;。！？；]\s+|[。！？；]")
 
 
 def marker(lines: int, tokens: int) -> str:
@@ -59,18 +61,20 @@ def marker(lines: int, tokens: int) -> str:
 
 def _split_long(piece: str, limit: int) -> list[str]:
     """Cut a piece longer than `limit` at sentence ends, then spaces, then anywhere."""
+    # Walk an offset rather than re-slicing the rest: a megabyte line is copied once, not per cut.
     out: list[str] = []
-    while len(piece) > limit:
-        window = piece[:limit]
+    start = 0
+    while len(piece) - start > limit:
+        window = piece[start : start + limit]
         cut = max((m.end() for m in _SENTENCE_END.finditer(window)), default=0)
         if cut < limit // 3:
             cut = window.rfind(" ") + 1
         if cut < limit // 3:
             cut = limit
-        out.append(piece[:cut])
-        piece = piece[cut:]
-    if piece:
-        out.append(piece)
+        out.append(window[:cut])
+        start += cut
+    if start < len(piece):
+        out.append(piece[start:])
     return out
 
 

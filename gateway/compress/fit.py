@@ -87,10 +87,11 @@ import hashlib
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from itertools import accumulate
+from typing import Any, overload
 
 import orjson
 
@@ -286,6 +287,41 @@ def fit(
     return _Fitter(messages, sizes, fixed, counter, options, budget_tokens, budget_tokens, summaries).run()
 
 
+class _Span(Sequence[Message]):
+    """The messages of old units [a, b), read from the request only when iterated.
+
+    Stage 5 weighs a marker at every candidate cut; listing the dropped span
+    each time made that search quadratic in the number of messages. The
+    length comes from cumulative message counts, an item by bisection.
+    """
+
+    def __init__(self, messages: Sequence[Message], units: Sequence[Unit], counts: list[int], a: int, b: int):
+        self.messages, self.units, self.counts, self.a, self.b = messages, units, counts, a, b
+
+    def __len__(self) -> int:
+        return self.counts[self.b] - self.counts[self.a]
+
+    def __iter__(self) -> Iterator[Message]:
+        for unit in self.units[self.a : self.b]:
+            yield from self.messages[unit.start : unit.end]
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(index)
+        position += self.counts[self.a]
+        k = bisect_right(self.counts, position) - 1
+        return self.messages[self.units[k].start + position - self.counts[k]]
+
+
 def _grid(weights: Sequence[int], quantum: int, start: int) -> list[int]:
     """Cut positions in (start, len]: where the running sum from start crosses a multiple of quantum."""
     cuts: list[int] = []
@@ -333,6 +369,7 @@ class _Fitter:
             replace(u, protected=False) if u.step and i < recent else u for i, u in enumerate(units)
         ]
         self.old = [unit for unit in self.units if not unit.protected]
+        self.old_counts = [0, *accumulate(u.end - u.start for u in self.old)]  # messages before each
         self.recent_steps = sum(u.step for u in self.units[recent:])
         # Old units before this one are older turns; from it on, older steps of the latest turn.
         self.first_step = next((k for k, u in enumerate(self.old) if u.step), len(self.old))
@@ -636,10 +673,16 @@ class _Fitter:
         for weight in weights:
             sums.append(sums[-1] + weight)
         for t, base in self._openings(cut):
-            for c in [cut, *cuts[bisect_right(cuts, cut) :]]:
+            # Try the cut, then the grid cuts after it; walked by index, since copying the rest
+            # of the grid for every opening made this quadratic.
+            c, later = cut, bisect_right(cuts, cut)
+            while True:
                 c = min(c, t)
-                if base + sums[head] + sums[t] - sums[c] + self._marker_tokens(head, c) <= self.target:
+                fits = base + sums[head] + sums[t] - sums[c] + self._marker_tokens(head, c) <= self.target
+                # At t the test no longer changes: every later cut is clamped to it too.
+                if fits or c == t or later == len(cuts):
                     break
+                c, later = cuts[later], later + 1
             cut = c
         return cut
 
@@ -661,6 +704,8 @@ class _Fitter:
         n = len(self.old)
         snapped: list[int] = []
         for cut in cuts:
+            # The cuts ascend: no turn start lies before the last snapped one, so scan on from it.
+            cut = max(cut, snapped[-1]) if snapped else cut
             while cut < n and not (self.old[cut].turn_start or self.old[cut].step):
                 cut += 1
             if not snapped or snapped[-1] != cut:
@@ -673,11 +718,11 @@ class _Fitter:
         spans = [(head, min(cut, middle)), (max(head, middle), cut)]
         return [(a, b) for a, b in spans if a < b]
 
-    def _dropped(self, a: int, b: int) -> list[Message]:
-        return [m for unit in self.old[a:b] for m in self.messages[unit.start : unit.end]]
+    def _dropped(self, a: int, b: int) -> Sequence[Message]:
+        return _Span(self.messages, self.old, self.old_counts, a, b)
 
     def _dropped_count(self, head: int, cut: int) -> int:
-        return sum(len(self._dropped(a, b)) for a, b in self._spans(head, cut))
+        return sum(self.old_counts[b] - self.old_counts[a] for a, b in self._spans(head, cut))
 
     def _room(self, a: int, b: int) -> int:
         """Tokens the account of dropped run [a, b) may take: the digest share, at most half the run.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+RESPONSES_SERVER_STATE = ("pass", "truncate_auto")
+
 
 @dataclass(frozen=True)
 class CompressionOptions:
@@ -64,6 +66,13 @@ class CompressionOptions:
     protected_floor_tokens: stage 6 never trims a protected message (system
         prompt, latest user message, newest step) below this size; below
         that, fit refuses.
+    responses_server_state: not read by `fit`: what the gateway does with a
+        Responses request whose history lives on the upstream
+        (`previous_response_id` or `conversation`), which no proxy can
+        compress. `pass` forwards it as it is; `truncate_auto` measures it
+        with the upstream's `POST /v1/responses/input_tokens` and asks the
+        upstream to truncate (`truncation: "auto"`) when it does not fit, or
+        when the upstream answers an overflow.
     """
 
     tool_result_caps: tuple[int, ...] = (2048, 256)
@@ -75,6 +84,7 @@ class CompressionOptions:
     digest_ratio: float = 0.1
     aggressive_ratio: float = 0.7
     protected_floor_tokens: int = 256
+    responses_server_state: str = "pass"
 
     def __post_init__(self) -> None:
         for name in ("cut_quantum", "aggressive_ratio", "recent_steps_ratio"):
@@ -87,6 +97,8 @@ class CompressionOptions:
             caps = getattr(self, name)
             if not caps or list(caps) != sorted(set(caps), reverse=True):
                 raise ValueError(f"{name} must be non-empty and decreasing")
+        if self.responses_server_state not in RESPONSES_SERVER_STATE:
+            raise ValueError("responses_server_state must be pass or truncate_auto")
         for size in (*self.tool_result_caps, *self.truncate_caps, self.protected_floor_tokens):
             if size < 32:
                 raise ValueError("token sizes must be at least 32")

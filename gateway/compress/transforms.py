@@ -20,14 +20,18 @@ TextFn = Callable[[str, str], str]  # (text, tool name) -> new text
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details", "thinking_blocks")
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
 REASONING_OMITTED = "[reasoning omitted by context-gateway]"
-# Content parts that cost tokens without being text (OpenAI and Anthropic-style), by what they are.
+# Content parts that cost tokens without being text (chat, Anthropic and Responses), by what they are.
 MEDIA_KINDS = {
     "image_url": "image",
     "image": "image",
     "input_audio": "audio",
     "file": "file",
     "document": "document",
+    "input_image": "image",
+    "input_file": "file",
 }
+# Text parts: chat and Anthropic `text`, Responses `input_text` (user side) and `output_text` (model side).
+TEXT_KINDS = frozenset({"text", "input_text", "output_text"})
 MEDIA_NAME_CHARS = 80  # a file name or document title longer than this is left out of the placeholder
 
 
@@ -75,9 +79,11 @@ def media_placeholder(part: Mapping[str, Any]) -> dict[str, Any]:
     """A text part standing for an image, audio, file or document part (its name kept when short)."""
     kind = MEDIA_KINDS[str(part.get("type"))]
     file = part.get("file")
-    name = file.get("filename") if isinstance(file, Mapping) else part.get("title")
+    name = file.get("filename") if isinstance(file, Mapping) else part.get("title") or part.get("filename")
     label = f"{kind} {name}" if isinstance(name, str) and 0 < len(name) <= MEDIA_NAME_CHARS else kind
-    new: dict[str, Any] = {"type": "text", "text": f"[{label} omitted by context-gateway]"}
+    # A Responses input part is replaced by a Responses text part, which is what that API accepts.
+    text_kind = "input_text" if part.get("type") in ("input_image", "input_file") else "text"
+    new: dict[str, Any] = {"type": text_kind, "text": f"[{label} omitted by context-gateway]"}
     if "cache_control" in part:  # keep the client's prompt-cache breakpoint where it was
         new["cache_control"] = part["cache_control"]
     return new
@@ -135,7 +141,7 @@ def _map_text(content: Any, fn: Callable[[str], str]) -> Any:
     out = []
     changed = False
     for part in content:
-        if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        if isinstance(part, Mapping) and part.get("type") in TEXT_KINDS and isinstance(part.get("text"), str):
             text = fn(part["text"])
             if text != part["text"]:
                 part = {**part, "text": text}
@@ -230,7 +236,7 @@ def truncate_message(message: Message, max_chars: int, chars_per_token: float) -
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "tool_use":
                 part = _shrink_tool_input(part, max_chars)
-            elif isinstance(part, Mapping) and part.get("type") == "text":
+            elif isinstance(part, Mapping) and part.get("type") in TEXT_KINDS:
                 part = _map_text([part], prose)[0]
             out.append(part)
         if any(a is not b for a, b in zip(out, content, strict=True)):

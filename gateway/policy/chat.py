@@ -16,15 +16,18 @@ from gateway.policy.streams import ask_for_usage
 MAX_CHOICES = 128
 
 
-def team_chat(team: Team, chat: ChatRequest, headers: Mapping[str, str]) -> tuple[ChatRequest, bool]:
+def team_chat(
+    team: Team, chat: ChatRequest, headers: Mapping[str, str], *, ask_usage: bool = True
+) -> tuple[ChatRequest, bool]:
     """The request under the team's compression mode, asking a stream for its usage.
 
     Returns it and whether the gateway added ``include_usage`` (so the extra chunk must be
-    taken out of what the client receives).
+    taken out of what the client receives). ``ask_usage`` False: the API streams its usage
+    unasked (Anthropic Messages, Responses).
     """
     asked = compression_mode(headers) if COMPRESSION_HEADER in headers else None
     chat = dataclasses.replace(chat, mode=team.compression_mode(asked))
-    if not chat.stream:
+    if not chat.stream or not ask_usage:
         return chat, False
     payload = ask_for_usage(chat.payload)
     if payload is None:

@@ -128,10 +128,12 @@ def _data(event: bytes) -> object:
 
 
 def usage_counts(usage: object) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of a ``usage`` object, if it states both."""
+    """(prompt, completion) tokens of a ``usage`` object, if it states both (chat completions'
+    prompt/completion_tokens, or the native APIs' input/output_tokens)."""
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
     if isinstance(prompt, int) and isinstance(completion, int) and prompt >= 0 and completion >= 0:
         return prompt, completion
     return None

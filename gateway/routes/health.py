@@ -1,26 +1,41 @@
-"""Liveness and metrics endpoints."""
+"""Probes and metrics: /healthz (alive), /readyz (ready for traffic), /metrics (Prometheus)."""
 
 from __future__ import annotations
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway import metrics
 from gateway.runtime import Runtime
+
+_ALIVE = orjson.dumps({"status": "ok"})
 
 
 async def healthz(request: Request) -> Response:
-    """Alive and able to serve: the store answers (a Redis outage makes the gateway unready)."""
+    """Alive: the process answers. Never depends on Redis or the upstream, so a liveness probe
+    does not restart healthy pods during someone else's outage."""
+    return Response(_ALIVE, media_type="application/json")
+
+
+async def readyz(request: Request) -> Response:
+    """Ready for traffic: started (uvicorn accepts nothing before start-up is done) and the store
+    answers when one is configured. A draining process has closed its listener: refused."""
     runtime: Runtime = request.app.state.runtime
-    try:
-        store_ok = await runtime.store.ping()
-    except Exception:  # any store failure means "not ready", never a 500
-        store_ok = False
-    status = "ok" if store_ok else "degraded"
-    body = orjson.dumps({"status": status, "store": "ok" if store_ok else "unreachable"})
-    return Response(body, status_code=200 if store_ok else 503, media_type="application/json")
+    if runtime.settings.redis_url is None:
+        store = "memory"
+    else:
+        try:
+            store = "ok" if await runtime.store.ping() else "unreachable"
+        except Exception:  # any store failure means "not ready", never a 500
+            store = "unreachable"
+        if store == "unreachable":
+            metrics.STORE_ERRORS.labels("ping").inc()
+    ready = store != "unreachable"
+    body = orjson.dumps({"status": "ready" if ready else "not ready", "store": store})
+    return Response(body, status_code=200 if ready else 503, media_type="application/json")
 
 
-async def metrics(request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

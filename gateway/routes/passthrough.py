@@ -8,15 +8,17 @@ completions, responses …: no route may reach a model the team may not use).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from yarl import URL
 
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
+from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
@@ -27,8 +29,24 @@ RETRYABLE_BODY_LIMIT = 1024 * 1024
 
 async def passthrough(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
-    request_id: str = request.state.request_id
     path = upstream_path(request.scope["raw_path"])
+    return await relay_unchanged(
+        request, lambda query: runtime.upstream.url_for(path, query), runtime.upstream_key
+    )
+
+
+async def relay_unchanged(
+    request: Request,
+    url_for: Callable[[str], URL],
+    key_for: Callable[[Team | None], str | None],
+    *,
+    key_header: str = "authorization",
+) -> Response:
+    """Send the request as it came to ``url_for(query)``, with ``key_for(team)`` as the key when
+    there is one (``key_header``: ``authorization`` or Anthropic's ``x-api-key``), and relay the
+    answer as it comes."""
+    runtime: Runtime = request.app.state.runtime
+    request_id: str = request.state.request_id
     team = runtime.policy.authenticate(request.headers)
     limit = runtime.settings.server.max_passthrough_body_bytes
     body: bytes | _Upload | None
@@ -45,15 +63,19 @@ async def passthrough(request: Request) -> Response:
     if isinstance(body, bytes) and await request.is_disconnected():
         raise ClientDisconnect  # nobody would read the answer: the upstream is not called
     admission = await runtime.policy.admit(team, None) if team is not None else None
-    api_key = runtime.upstream_key(team)
+    api_key = key_for(team)
     strip = team is not None  # the caller's credential is a gateway key: it never crosses
     try:
         reply = await runtime.upstream.send(
             request.method,
-            runtime.upstream.url_for(
-                path, upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+            url_for(upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)),
+            to_upstream(
+                request.headers,
+                api_key=api_key,
+                request_id=request_id,
+                strip_credentials=strip,
+                key_header=key_header,
             ),
-            to_upstream(request.headers, api_key=api_key, request_id=request_id, strip_credentials=strip),
             body.chunks() if isinstance(body, _Upload) else body,
             gateway_credentials=bool(api_key) or strip,
         )

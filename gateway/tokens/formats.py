@@ -118,6 +118,12 @@ class PromptRules:
             return self._string(part.get("text"))
         if kind == "image_url":
             return self._image_url(part.get("image_url"))
+        if kind == "input_image":  # Responses: the URL and detail sit on the part itself
+            return self._image_url(
+                {"url": part.get("image_url") or "", "detail": part.get("detail") or "auto"}
+            )
+        if kind == "input_file":
+            return self._file(part)
         if kind == "image":
             return self._anthropic_image(part.get("source"))
         if kind == "input_audio":

@@ -1,5 +1,8 @@
 """Validation of a chat-completions body before the gateway does any work on it.
 
+The checks of shared pieces (model name, content parts, nesting) are public: the native
+formats' validators (`anthropic_validation.py`, `responses_validation.py`) reuse them.
+
 Everything the gateway reads (to count, fit, budget or relay) is checked here once, so that
 what follows can trust its shape: a malformed field answers 400 with OpenAI's wording and the
 field's path in ``param`` (``messages[3].content[1].type``), never a 500 from deep inside the
@@ -56,7 +59,7 @@ def validate_chat_body(payload: object, raw: bytes) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a chat-completions body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
-    _model(payload.get("model"))
+    check_model(payload.get("model"))
     messages = payload.get("messages")
     if not isinstance(messages, list):
         raise GatewayError(
@@ -68,23 +71,16 @@ def validate_chat_body(payload: object, raw: bytes) -> None:
         )
     for index, message in enumerate(messages):
         _message(message, f"messages[{index}]")
-    _optional(payload, "stream", bool, "a boolean")
-    _optional(payload, "stream_options", dict, "an object")
-    _optional(payload, "response_format", dict, "an object")
+    check_optional(payload, "stream", bool, "a boolean")
+    check_optional(payload, "stream_options", dict, "an object")
+    check_optional(payload, "response_format", dict, "an object")
     for name in _INTEGER_FIELDS:
         value = payload.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise _invalid(name, value, "a non-negative integer")
+            raise invalid_type(name, value, "a non-negative integer")
     for name in ("tools", "functions"):
-        definitions = payload.get(name)
-        if definitions is None:
-            continue
-        if not isinstance(definitions, list):
-            raise _invalid(name, definitions, "an array")
-        for index, definition in enumerate(definitions):
-            if not isinstance(definition, dict):
-                raise _invalid(f"{name}[{index}]", definition, "an object")
-    _depth(payload, raw)
+        check_object_array(payload, name)
+    check_depth(payload, raw)
 
 
 def json_type(value: object) -> str:
@@ -103,7 +99,7 @@ def json_type(value: object) -> str:
     return "an object"
 
 
-def _invalid(param: str, value: object, expected: str) -> GatewayError:
+def invalid_type(param: str, value: object, expected: str) -> GatewayError:
     return GatewayError(
         400,
         f"Invalid type for '{param}': expected {expected}, but got {json_type(value)} instead.",
@@ -111,13 +107,27 @@ def _invalid(param: str, value: object, expected: str) -> GatewayError:
     )
 
 
-def _optional(container: Mapping[str, Any], name: str, kind: type, expected: str, where: str = "") -> None:
+def check_optional(
+    container: Mapping[str, Any], name: str, kind: type, expected: str, where: str = ""
+) -> None:
     value = container.get(name)
     if value is not None and not isinstance(value, kind):
-        raise _invalid(f"{where}{name}", value, expected)
+        raise invalid_type(f"{where}{name}", value, expected)
 
 
-def _model(model: object) -> None:
+def check_object_array(payload: Mapping[str, Any], name: str) -> None:
+    """An optional field that must be an array of objects (tool definitions)."""
+    definitions = payload.get(name)
+    if definitions is None:
+        return
+    if not isinstance(definitions, list):
+        raise invalid_type(name, definitions, "an array")
+    for index, definition in enumerate(definitions):
+        if not isinstance(definition, dict):
+            raise invalid_type(f"{name}[{index}]", definition, "an object")
+
+
+def check_model(model: object) -> None:
     if not isinstance(model, str) or not model:
         raise GatewayError(400, "you must provide a model parameter", param="model")
     if len(model) > MAX_MODEL_NAME_CHARS:
@@ -137,7 +147,7 @@ def _model(model: object) -> None:
 
 def _message(message: object, where: str) -> None:
     if not isinstance(message, dict):
-        raise _invalid(where, message, "an object")
+        raise invalid_type(where, message, "an object")
     role = message.get("role")
     if not isinstance(role, str) or role not in VALID_ROLES:
         shown = repr(role)[:60] if isinstance(role, str) else json_type(role)
@@ -148,17 +158,17 @@ def _message(message: object, where: str) -> None:
             + ".",
             param=f"{where}.role",
         )
-    _content(message.get("content"), f"{where}.content", depth=0)
+    check_content(message.get("content"), f"{where}.content", depth=0)
     for name in ("name", "reasoning_content", "refusal"):
-        _optional(message, name, str, "a string", f"{where}.")
+        check_optional(message, name, str, "a string", f"{where}.")
     tool_call_id = message.get("tool_call_id")
     if role == "tool" and not isinstance(tool_call_id, str):
-        raise _invalid(f"{where}.tool_call_id", tool_call_id, "a string")
-    _optional(message, "tool_call_id", str, "a string", f"{where}.")
+        raise invalid_type(f"{where}.tool_call_id", tool_call_id, "a string")
+    check_optional(message, "tool_call_id", str, "a string", f"{where}.")
     calls = message.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
-            raise _invalid(f"{where}.tool_calls", calls, "an array")
+            raise invalid_type(f"{where}.tool_calls", calls, "an array")
         for index, call in enumerate(calls):
             _tool_call(call, f"{where}.tool_calls[{index}]")
     function_call = message.get("function_call")
@@ -168,10 +178,10 @@ def _message(message: object, where: str) -> None:
 
 def _tool_call(call: object, where: str) -> None:
     if not isinstance(call, dict):
-        raise _invalid(where, call, "an object")
+        raise invalid_type(where, call, "an object")
     if not isinstance(call.get("id"), str):
-        raise _invalid(f"{where}.id", call.get("id"), "a string")
-    _optional(call, "type", str, "a string", f"{where}.")
+        raise invalid_type(f"{where}.id", call.get("id"), "a string")
+    check_optional(call, "type", str, "a string", f"{where}.")
     function = call.get("function")
     if function is not None:
         _function(function, f"{where}.function")
@@ -179,19 +189,19 @@ def _tool_call(call: object, where: str) -> None:
 
 def _function(function: object, where: str) -> None:
     if not isinstance(function, dict):
-        raise _invalid(where, function, "an object")
-    _optional(function, "name", str, "a string", f"{where}.")
+        raise invalid_type(where, function, "an object")
+    check_optional(function, "name", str, "a string", f"{where}.")
     arguments = function.get("arguments")
     # OpenAI sends arguments as a JSON string; some compatible servers accept the object itself.
     if arguments is not None and not isinstance(arguments, str | dict):
-        raise _invalid(f"{where}.arguments", arguments, "a string")
+        raise invalid_type(f"{where}.arguments", arguments, "a string")
 
 
-def _content(content: object, where: str, *, depth: int) -> None:
+def check_content(content: object, where: str, *, depth: int) -> None:
     if content is None or isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _invalid(where, content, "a string, an array of content parts, or null")
+        raise invalid_type(where, content, "a string, an array of content parts, or null")
     if depth > MAX_CONTENT_DEPTH:
         raise GatewayError(
             400,
@@ -205,30 +215,30 @@ def _content(content: object, where: str, *, depth: int) -> None:
 
 def _part(part: object, where: str, depth: int) -> None:
     if not isinstance(part, dict):
-        raise _invalid(where, part, "an object")
+        raise invalid_type(where, part, "an object")
     kind = part.get("type")
     if not isinstance(kind, str):
-        raise _invalid(f"{where}.type", kind, "a string")
+        raise invalid_type(f"{where}.type", kind, "a string")
     if kind in _STRING_FIELDS:
-        _optional(part, _STRING_FIELDS[kind], str, "a string", f"{where}.")
+        check_optional(part, _STRING_FIELDS[kind], str, "a string", f"{where}.")
     elif kind == "image_url":
         image_url = part.get("image_url")
         if not isinstance(image_url, dict | str):
-            raise _invalid(f"{where}.image_url", image_url, "an object")
+            raise invalid_type(f"{where}.image_url", image_url, "an object")
         if isinstance(image_url, dict):
-            _optional(image_url, "url", str, "a string", f"{where}.image_url.")
-            _optional(image_url, "detail", str, "a string", f"{where}.image_url.")
+            check_optional(image_url, "url", str, "a string", f"{where}.image_url.")
+            check_optional(image_url, "detail", str, "a string", f"{where}.image_url.")
     elif kind in _OBJECT_FIELDS:
-        _optional(part, _OBJECT_FIELDS[kind], dict, "an object", f"{where}.")
+        check_optional(part, _OBJECT_FIELDS[kind], dict, "an object", f"{where}.")
     elif kind == "tool_use":
         for name in ("id", "name"):
-            _optional(part, name, str, "a string", f"{where}.")
+            check_optional(part, name, str, "a string", f"{where}.")
     elif kind == "tool_result":
-        _optional(part, "tool_use_id", str, "a string", f"{where}.")
-        _content(part.get("content"), f"{where}.content", depth=depth + 1)
+        check_optional(part, "tool_use_id", str, "a string", f"{where}.")
+        check_content(part.get("content"), f"{where}.content", depth=depth + 1)
 
 
-def _depth(payload: dict[str, Any], raw: bytes) -> None:
+def check_depth(payload: dict[str, Any], raw: bytes) -> None:
     """Refuse values nested deeper than orjson can write back.
 
     A value that deep needs that many opening brackets; counting them is C-speed, so only

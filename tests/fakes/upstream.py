@@ -7,7 +7,14 @@ usage numbers, and a strict check that tool calls are paired.
 
 Routes
     POST   /v1/chat/completions   echo answer (or a tool call), stream or not; window check
-    POST   /v1/responses          minimal Responses API object, or its SSE events
+    POST   /v1/responses          Responses API (tests/fakes/responses_api.py): strict items,
+                                  stored state (previous_response_id, conversation),
+                                  truncation, overflow; JSON or its SSE events
+    POST   /v1/responses/input_tokens   the input's token count, server history included
+    POST   /v1/messages           Anthropic Messages API (tests/fakes/anthropic_api.py): x-api-key,
+                                  anthropic-version, strict blocks, pairs, signed thinking,
+                                  cache_control limit, both overflow wordings; JSON or SSE
+    POST   /v1/messages/count_tokens   {"input_tokens": N}
     POST   /v1/embeddings         deterministic unit vectors (floats or base64)
     GET    /v1/models, /v1/models/{id}   with `model_cards`: served models and their windows
     POST   /api/show, GET /api/ps         Ollama's native API, when `ollama_models` is set
@@ -63,10 +70,11 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tests.fakes import answers, errors
+from tests.fakes import answers, anthropic_api, errors, responses_api
 from tests.fakes.delivery import RAW_SEND, Reply, deliver, json_reply, sse_reply
 from tests.fakes.errors import OverflowStyle
 from tests.fakes.faults import ERROR_STATUS, Fault
+from tests.fakes.responses_api import ResponsesState
 from tests.fakes.tokens import count_prompt, count_text, estimate, warm_up
 from tests.fakes.validation import validate_chat_messages
 
@@ -118,6 +126,13 @@ class FakeUpstream:
     log_requests: bool = True
     """Keep every request in `received`; off for long benchmark runs, where it would grow without bound."""
 
+    responses_state: ResponsesState = field(default_factory=ResponsesState)
+    """Stored responses and conversations of the Responses API (previous_response_id, conversation)."""
+    responses_inputs: list[list[dict[str, Any]]] = field(default_factory=list)
+    """The full input (server history included) of every Responses request answered."""
+    anthropic_inputs: list[dict[str, Any]] = field(default_factory=list)
+    """The body of every Messages request answered."""
+
     received: list[ReceivedRequest] = field(default_factory=list)
     hits: Counter[str] = field(default_factory=Counter)
     """Requests per path."""
@@ -158,6 +173,7 @@ class Call:
     body: bytes
     json: Any
     fault: Fault | None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 Builder = Callable[[FakeUpstream, Call], Reply]
@@ -212,21 +228,120 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
     return json_reply(200, answers.chat_completion(identity, answer=answer, usage=usage))
 
 
-def responses(fake: FakeUpstream, call: Call) -> Reply:
-    body = call.json
+def _responses_refusal(fake: FakeUpstream, body: object) -> Reply | None:
     if not isinstance(body, dict):
         return _error(400, errors.BAD_JSON)
-    if "model" not in body:
-        return _error(
-            400, "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
-        )
-    text = answers.echo(answers.responses_input_text(body.get("input")))
+    invalid = responses_api.validate(body, fake.responses_state)
+    if invalid is None:
+        return None
+    status, message, param, code = invalid
+    return _error(status, message, param=param, code=code)
+
+
+def responses(fake: FakeUpstream, call: Call) -> Reply:
+    body = call.json
+    refused = _responses_refusal(fake, body)
+    if refused is not None:
+        return refused
+    new_items = responses_api.as_items(body.get("input"))
+    items = responses_api.history(body, fake.responses_state) + new_items
+    exact = fake.window is not None or call.fault is Fault.OVERFLOW
+    prompt = (
+        responses_api.count_input(body.get("instructions"), items, body.get("tools"))
+        if exact
+        else estimate(call.body)
+    )
+    reserved = body.get("max_output_tokens") if isinstance(body.get("max_output_tokens"), int) else 0
     serial = fake.next_serial()
-    usage = answers.Usage(estimate(call.body), estimate(text))
     identity = answers.Identity(f"resp_fake_{serial}", CREATED_BASE + serial, str(body["model"]))
+    too_long = fake.window is not None and prompt + reserved > fake.window
+    if call.fault is Fault.OVERFLOW or too_long:
+        if body.get("truncation") == "auto" and call.fault is not Fault.OVERFLOW and fake.window is not None:
+            fixed = prompt - sum(responses_api.count_item(item) for item in items)
+            items = responses_api.truncate_to_fit(items, fake.window - reserved - fixed)
+            prompt = responses_api.count_input(body.get("instructions"), items, body.get("tools"))
+        elif body.get("stream") is True:
+            return sse_reply(responses_api.failed_events(identity, body))
+        else:
+            message = responses_api.OVERFLOW_MESSAGE
+            return _error(400, message, param="input", code="context_length_exceeded")
+    if fake.log_requests:
+        fake.responses_inputs.append(items)
+    output = responses_api.output_items(body, items, serial)
+    if body.get("store", True) is not False:
+        fake.responses_state.store(identity.id, items + output)
+    conversation = body.get("conversation")
+    if conversation is not None:
+        key = str(conversation.get("id") if isinstance(conversation, dict) else conversation)
+        fake.responses_state.conversations[key] = items + output
+    spoken = responses_api.spoken(output)
+    usage = answers.Usage(prompt, count_text(spoken) if exact else estimate(spoken))
     if body.get("stream") is True:
-        return sse_reply(answers.response_events(identity, text=text, usage=usage))
-    return json_reply(200, answers.response_object(identity, text=text, usage=usage))
+        return sse_reply(responses_api.events(identity, body, output, usage))
+    return json_reply(
+        200, responses_api.response(identity, body, status="completed", output=output, usage=usage)
+    )
+
+
+def responses_input_tokens(fake: FakeUpstream, call: Call) -> Reply:
+    body = call.json
+    refused = _responses_refusal(fake, body)
+    if refused is not None:
+        return refused
+    items = responses_api.history(body, fake.responses_state) + responses_api.as_items(body.get("input"))
+    tokens = responses_api.count_input(body.get("instructions"), items, body.get("tools"))
+    return json_reply(200, {"object": "response.input_tokens", "input_tokens": tokens})
+
+
+def _anthropic_error(status: int, kind: str, message: str) -> Reply:
+    return json_reply(status, anthropic_api.error_body(kind, message, f"req_fake{uuid.uuid4().hex[:20]}"))
+
+
+def _anthropic_invalid(body: object, *, count_only: bool) -> Reply | None:
+    invalid = anthropic_api.validate(body, count_only=count_only)
+    if invalid is None:
+        return None
+    kind, message = invalid
+    return _anthropic_error(400, kind, message)
+
+
+def messages(fake: FakeUpstream, call: Call) -> Reply:
+    body = call.json
+    refused = _anthropic_invalid(body, count_only=False)
+    if refused is not None:
+        return refused
+    exact = fake.window is not None or call.fault is Fault.OVERFLOW
+    prompt = anthropic_api.count_input(body) if exact else estimate(call.body)
+    reserved = body["max_tokens"]
+    window = fake.window
+    beta = call.headers.get("anthropic-beta", "")
+    stop_at_window = anthropic_api.CONTEXT_WINDOW_BETA in beta
+    over = window is not None and (prompt > window or (prompt + reserved > window and not stop_at_window))
+    if call.fault is Fault.OVERFLOW or over:
+        stated = window if window is not None else max(1, prompt - 1)
+        payload = errors.overflow(
+            "anthropic", window=stated, prompt_tokens=prompt, completion_tokens=reserved
+        )
+        return _anthropic_error(400, "invalid_request_error", payload["error"]["message"])
+    if fake.log_requests:
+        fake.anthropic_inputs.append(body)
+    serial = fake.next_serial()
+    blocks, stop_reason = anthropic_api.answer_blocks(body, serial)
+    if window is not None and prompt + reserved > window:
+        stop_reason = "model_context_window_exceeded"
+    spoken = anthropic_api.spoken(blocks)
+    tokens = anthropic_api.usage(prompt, count_text(spoken) if exact else estimate(spoken))
+    identity = answers.Identity(f"msg_fake_{serial}", CREATED_BASE + serial, str(body["model"]))
+    if body.get("stream") is True:
+        return sse_reply(anthropic_api.events(identity, blocks, stop_reason, tokens))
+    return json_reply(200, anthropic_api.message(identity, blocks, stop_reason, tokens))
+
+
+def count_tokens(fake: FakeUpstream, call: Call) -> Reply:
+    refused = _anthropic_invalid(call.json, count_only=True)
+    if refused is not None:
+        return refused
+    return json_reply(200, {"input_tokens": anthropic_api.count_input(call.json)})
 
 
 def embeddings(fake: FakeUpstream, call: Call) -> Reply:
@@ -349,6 +464,45 @@ def _openai_headers(started: float) -> dict[str, str]:
     }
 
 
+def _anthropic_headers() -> dict[str, str]:
+    return {
+        "request-id": f"req_{uuid.uuid4().hex[:24]}",
+        "anthropic-organization-id": "fake-org",
+        "anthropic-ratelimit-requests-limit": str(RATE_LIMIT_REQUESTS),
+        "anthropic-ratelimit-requests-remaining": str(RATE_LIMIT_REQUESTS - 1),
+        "anthropic-ratelimit-input-tokens-limit": str(RATE_LIMIT_TOKENS),
+    }
+
+
+def _anthropic_refusal(fake: FakeUpstream, headers: Mapping[str, str]) -> Reply | None:
+    """The checks the real API makes before reading the body: its version header, then the key."""
+    if "anthropic-version" not in headers:
+        return _anthropic_error(400, "invalid_request_error", "anthropic-version: header is required")
+    required = fake.required_api_key
+    if required is None:
+        return None
+    key = headers.get("x-api-key", "")
+    if not key:
+        return _anthropic_error(401, "authentication_error", "x-api-key header is required")
+    if key != required:
+        return _anthropic_error(401, "authentication_error", "invalid x-api-key")
+    return None
+
+
+def _anthropic_error_status_reply(fault: Fault, fake: FakeUpstream) -> Reply:
+    if fault is Fault.RATE_LIMITED:
+        reply = _anthropic_error(
+            429, "rate_limit_error", "Number of request tokens has exceeded your rate limit."
+        )
+        reply.headers["retry-after"] = f"{fake.retry_after:g}"
+        return reply
+    if fault is Fault.SERVER_ERROR:
+        return _anthropic_error(500, "api_error", "Internal server error")
+    if fault is Fault.OVERLOADED:
+        return _anthropic_error(503, "overloaded_error", "Overloaded")
+    return Reply(502, errors.BAD_GATEWAY_HTML.encode(), content_type="text/html")
+
+
 class _Endpoint:
     """ASGI app for one route: record the request, authenticate, pick a fault, build the reply, deliver it."""
 
@@ -359,20 +513,25 @@ class _Endpoint:
         *,
         otherwise: Builder = invalid_method,
         takes_queued_faults: bool = False,
+        anthropic: bool = False,
     ) -> None:
         self.fake = fake
         self.builders = builders
         self.otherwise = otherwise
         self.takes_queued_faults = takes_queued_faults
+        self.anthropic = anthropic
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         body = await Request(scope, receive).body()
         headers = _headers(scope)
-        call = Call(scope["method"], scope["path"], scope.get("path_params", {}), body, _parse(body), None)
+        call = Call(
+            scope["method"], scope["path"], scope.get("path_params", {}), body, _parse(body), None, headers
+        )
         self._record(call, headers, scope["query_string"].decode("latin-1"))
         reply, fault = self._answer(call, headers)
-        reply.headers = {**_openai_headers(started), **reply.headers}
+        common = _anthropic_headers() if self.anthropic else _openai_headers(started)
+        reply.headers = {**common, **reply.headers}
         await deliver(reply, fault, self.fake, scope, receive, send)
 
     def _record(self, call: Call, headers: dict[str, str], query: str) -> None:
@@ -395,12 +554,16 @@ class _Endpoint:
             message = f"Unknown {FAULT_HEADER} mode {name!r}; known modes: {known}."
             return _error(400, message, param=FAULT_HEADER), None
         if fault in ERROR_STATUS:
+            if self.anthropic:
+                return _anthropic_error_status_reply(fault, self.fake), None
             model = call.json.get("model") if isinstance(call.json, dict) else None
             return _error_status_reply(fault, self.fake, str(model or "gpt-4o-mini")), None
         builder = self.builders.get(call.method, self.otherwise)
         return builder(self.fake, replace(call, fault=fault)), fault
 
     def _refusal(self, headers: Mapping[str, str]) -> Reply | None:
+        if self.anthropic:
+            return _anthropic_refusal(self.fake, headers)
         required = self.fake.required_api_key
         if required is None:
             return None
@@ -444,6 +607,9 @@ def create_app(fake: FakeUpstream) -> Starlette:
         routes=[
             route("/v1/chat/completions", {"POST": chat_completions}, takes_queued_faults=True),
             route("/v1/responses", {"POST": responses}),
+            route("/v1/responses/input_tokens", {"POST": responses_input_tokens}),
+            route("/v1/messages", {"POST": messages}, anthropic=True),
+            route("/v1/messages/count_tokens", {"POST": count_tokens}, anthropic=True),
             route("/v1/embeddings", {"POST": embeddings}),
             route("/v1/models", {"GET": list_models}),
             route("/v1/models/{model:path}", {"GET": retrieve_model}),

@@ -136,7 +136,7 @@ def test_unexpected_failure_is_a_clean_500_with_one_log_line(
     async def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError(f"bug while holding {secret}")
 
-    monkeypatch.setattr("gateway.routes.chat.plan_request", broken)
+    monkeypatch.setattr("gateway.routes.prompt.plan_request", broken)
     caplog.set_level(logging.DEBUG)
     with httpx.Client() as client:
         answer = client.post(

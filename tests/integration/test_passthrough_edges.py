@@ -111,14 +111,14 @@ def test_upload_above_the_pass_through_limit_is_413(
 
 
 @pytest.mark.parametrize("fault", ["reset", "half_stream"])
-@pytest.mark.parametrize("stream", [False, True])
 def test_body_broken_midway_reaches_the_client_as_a_broken_transfer(
-    fake_upstream: FakeUpstream, gateway_url: str, fault: str, stream: bool
+    fake_upstream: FakeUpstream, gateway_url: str, fault: str
 ) -> None:
-    # A sized JSON answer and a chunked event stream, cut short by the upstream.
-    payload = {"model": "gpt-4o", "input": "hello " * 200, "stream": stream}
+    # A sized JSON answer cut short by the upstream. (Streams are relayed by the prompt routes,
+    # which end a broken one with the API's own error event: see their tests.)
+    payload = {"model": "text-embedding-3-small", "input": ["hello " * 200] * 50}
     with pytest.raises(httpx.RemoteProtocolError):
-        httpx.post(f"{gateway_url}/responses", json=payload, headers={FAULT_HEADER: fault}, timeout=10)
+        httpx.post(f"{gateway_url}/embeddings", json=payload, headers={FAULT_HEADER: fault}, timeout=10)
 
 
 def test_client_leaving_during_an_upload_logs_one_line_without_traceback(

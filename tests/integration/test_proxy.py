@@ -340,6 +340,8 @@ def test_healthz_and_metrics(gateway_url: str) -> None:
     root = gateway_url.removesuffix("/v1")
     health = httpx.get(f"{root}/healthz")
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    ready = httpx.get(f"{root}/readyz")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "store": "memory"}
     httpx.post(f"{gateway_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES})
     metrics = httpx.get(f"{root}/metrics").text
     assert 'gateway_requests_total{route="chat_completions",status="2xx"}' in metrics

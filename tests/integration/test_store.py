@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from gateway.runtime import Runtime
+from gateway.settings import load_settings
 from gateway.store import MemoryStore, Store, open_store
 from gateway.store.redis import RedisStore
+from gateway.tokens.learned_windows import Evidence, LearnedWindows
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
 
@@ -94,8 +98,41 @@ def test_replicas_share_learned_window_through_redis(
     assert fake_upstream.hits["/v1/chat/completions"] == hits_before + 1
 
 
-def test_healthz_reports_unreachable_redis(start_gateway: GatewayFactory) -> None:
+def test_readyz_reports_unreachable_redis(start_gateway: GatewayFactory) -> None:
     url = start_gateway(GATEWAY_REDIS_URL="redis://127.0.0.1:1/0")
-    health = httpx.get(url.removesuffix("/v1") + "/healthz")
-    assert health.status_code == 503
-    assert health.json() == {"status": "degraded", "store": "unreachable"}
+    ready = httpx.get(url.removesuffix("/v1") + "/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "not ready", "store": "unreachable"}
+    assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+
+
+def test_readyz_with_redis_up(start_gateway: GatewayFactory, redis_url: str) -> None:
+    url = start_gateway(GATEWAY_REDIS_URL=redis_url)
+    ready = httpx.get(url.removesuffix("/v1") + "/readyz")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "store": "ok"}
+
+
+class SlowStore(MemoryStore):
+    """A store whose reads take a while, as Redis does across a network."""
+
+    async def get(self, key: str) -> str | None:
+        await asyncio.sleep(0.05)
+        return await super().get(key)
+
+
+async def test_concurrent_first_requests_all_wait_for_the_one_store_read() -> None:
+    """A worker's first burst of requests for a model must all see what another replica learned,
+    not only the one that happened to start the read."""
+    model = f"burst-model-{uuid.uuid4().hex[:8]}"
+    store = SlowStore()
+    replica = LearnedWindows()
+    replica.put(model, Evidence(stated=5000, expires_at=time.time() + 3600))
+    await replica.save(store, model)
+    runtime = Runtime.create(load_settings(None, {}))
+    runtime.store = store
+
+    async def first_request() -> int | None:
+        await runtime.load_learned(model)
+        return runtime.windows.resolve_window(model).tokens
+
+    assert await asyncio.gather(*(first_request() for _ in range(6))) == [5000] * 6

@@ -165,6 +165,16 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
         ({"GATEWAY_UPSTREAM_TIMEOUTS_IDLE": "nan"}, "finite"),
         ({"GATEWAY_SERVER_ALLOW_UNAUTHENTICATED": "maybe"}, "true or false"),
         ({"GATEWAY_MODEL": "{}"}, "did you mean GATEWAY_MODELS?"),
+        ({"GATEWAY_SERVER_WORKERS": "many"}, "must be auto or a number from 0 to 512, got 'many'"),
+        ({"GATEWAY_SERVER_WORKERS": "-1"}, "server.workers must be auto or a number"),
+        ({"GATEWAY_SERVER_WORKERS": "513"}, "server.workers must be auto or a number"),
+        ({"GATEWAY_SERVER_WORKERS": "\uff12"}, "server.workers must be auto or a number"),  # a full-width 2
+        ({"GATEWAY_SERVER_WORKERS": "9" * 100_000}, "got '9999999999"),
+        ({"GATEWAY_SERVER_LOG_FORMAT": "xml"}, "server.log_format must be one of json, text, got 'xml'"),
+        ({"GATEWAY_SERVER_LOG_FORMAT": "json\n\x1b[31m"}, "server.log_format must be one of json, text"),
+        ({"GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS": "soon"}, "must be a number"),
+        ({"GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS": "-5"}, "must not be negative"),
+        ({"GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS": "1e9"}, "at most 86400"),
     ],
 )
 def test_bad_values_name_key_and_value(env: dict[str, str], fragment: str) -> None:
@@ -209,6 +219,17 @@ def test_serve_rejects_bad_port_argument(port: str, capsys: pytest.CaptureFixtur
         main(["serve", "--port", port])
     assert caught.value.code == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_huge_workers_value_is_not_echoed_in_full() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, {"GATEWAY_SERVER_WORKERS": "9" * 100_000})
+    assert len(str(caught.value)) < 200
+
+
+def test_serve_rejects_bad_workers_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--workers", "lots"]) == 2
+    assert "server.workers must be auto or a number" in capsys.readouterr().err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -20,9 +21,40 @@ from tests.fakes.upstream import FakeUpstream, create_app
 GUARD_DIR = Path(__file__).parent
 
 
+def namespace_prefix() -> list[str]:
+    """`unshare -n` with loopback up, when this machine lets us make a network namespace."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return []
+    trial = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
+    if trial.returncode != 0:
+        return []
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "netns"]
+
+
+def assert_serves_offline(workdir: Path, gateway_command: list[str]) -> None:
+    """Run this probe in a child (in a network namespace when possible) against ``gateway_command``
+    (empty: this interpreter's ``-m gateway.cli``) and check it started and served with no network."""
+    log = workdir / "blocked.log"
+    probe_command = [*namespace_prefix(), sys.executable, "-m", __spec__.name, str(log), *gateway_command]
+    repo = Path(__file__).resolve().parents[3]
+    finished = subprocess.run(
+        probe_command, cwd=repo, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert result["blocked_attempts"] == [], result["server_output"]
+    assert result["healthz"] == 200, result["server_output"]
+    assert result["readyz"] == 200 and result["metrics"] == 200
+    assert result["chat"] == [200, 200, 200]
+    assert "Traceback" not in result["server_output"]
+
+
 def main() -> None:
+    """Arguments: the log of blocked attempts, then optionally the gateway command to run
+    (default: this interpreter's ``-m gateway.cli``)."""
+    command = sys.argv[2:] or [sys.executable, "-m", "gateway.cli"]
     with serve_in_thread(create_app(FakeUpstream())) as upstream_url:
-        print(json.dumps(probe(Path(sys.argv[1]), upstream_url)))
+        print(json.dumps(probe(Path(sys.argv[1]), upstream_url, command)))
 
 
 def _chat(port: int, model: str) -> int:
@@ -37,7 +69,7 @@ def _chat(port: int, model: str) -> int:
         return status
 
 
-def probe(log: Path, upstream_url: str) -> dict[str, object]:
+def probe(log: Path, upstream_url: str, command: list[str]) -> dict[str, object]:
     port = free_port()
     env = {
         **os.environ,
@@ -50,7 +82,7 @@ def probe(log: Path, upstream_url: str) -> dict[str, object]:
         env.pop(name, None)
     started = time.monotonic()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+        [*command, "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -69,6 +101,8 @@ def probe(log: Path, upstream_url: str) -> dict[str, object]:
                     break
                 time.sleep(0.05)
         result["ready_seconds"] = ready_after
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+            result["readyz"] = answer.status
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             result["metrics"] = answer.status
         # Exact (tiktoken, model map) and approximated (unknown family) counting paths.

@@ -1,0 +1,74 @@
+"""Validation of an Anthropic Messages body before the gateway does any work on it.
+
+Every field the gateway reads (to count, fit, budget or relay) is held to the shape the
+Messages API documents; a malformed one answers 400 naming the field (the route writes it in
+Anthropic's error shape). Fields the gateway only forwards (`temperature`, `metadata`,
+`tool_choice` …) are left to the upstream. Content blocks share the chat validator's checks
+(text, images, documents, tool_use/tool_result, thinking), nesting bounded the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.wire.chat import (
+    check_content,
+    check_depth,
+    check_model,
+    check_object_array,
+    check_optional,
+    invalid_type,
+    json_type,
+)
+
+ROLES = ("user", "assistant")
+
+
+def validate_messages_body(payload: object, raw: bytes) -> None:
+    """Raise a 400 `GatewayError` naming the first malformed field of a Messages body."""
+    if not isinstance(payload, dict):
+        raise GatewayError(400, "The request body must be a JSON object.")
+    check_model(payload.get("model"))
+    max_tokens = payload.get("max_tokens")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0
+    ):
+        raise invalid_type("max_tokens", max_tokens, "a non-negative integer")
+    check_optional(payload, "stream", bool, "a boolean")
+    check_optional(payload, "thinking", dict, "an object")
+    system = payload.get("system")
+    if system is not None:
+        if not isinstance(system, str | list):
+            raise invalid_type("system", system, "a string or an array of text blocks")
+        check_content(system, "system", depth=0)
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        raise GatewayError(
+            400,
+            "messages: Field required"
+            if messages is None
+            else (f"Invalid type for 'messages': expected an array, but got {json_type(messages)} instead."),
+            param="messages",
+        )
+    for index, message in enumerate(messages):
+        _message(message, f"messages[{index}]")
+    check_object_array(payload, "tools")
+    check_depth(payload, raw)
+
+
+def _message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        raise invalid_type(where, message, "an object")
+    role = message.get("role")
+    if role not in ROLES:
+        shown = repr(role)[:60] if isinstance(role, str) else json_type(role)
+        raise GatewayError(
+            400,
+            f"Invalid value for '{where}.role': {shown}. Supported values are: 'user', 'assistant'.",
+            param=f"{where}.role",
+        )
+    content = message.get("content")
+    if not isinstance(content, str | list):
+        raise invalid_type(f"{where}.content", content, "a string or an array of content blocks")
+    check_content(content, f"{where}.content", depth=0)

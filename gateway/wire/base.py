@@ -1,0 +1,66 @@
+"""What every wire format gives the planner: a chat-shaped view of its prompt and a way back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ChatView:
+    """A request's prompt as `gateway.compress` and `gateway.tokens` see it.
+
+    `messages` are chat-completions-shaped (system first when there is one);
+    `counted` is a chat-completions body with the same prompt tokens and
+    output reserve (messages, tool definitions, `max_tokens`), for the
+    counter and the budget. `state` is whatever the format needs to write
+    fitted messages back. `fittable` is False when the request is laid out
+    so that fitting it could orphan a pair: it is then forwarded as it is.
+    """
+
+    messages: list[Message]
+    counted: Mapping[str, Any]
+    state: Any = field(default=None, compare=False)
+    fittable: bool = True
+
+
+def counted_body(messages: list[Message], tools: object, max_tokens: object) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": messages}
+    if isinstance(tools, list) and tools:
+        body["tools"] = tools
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        body["max_tokens"] = max_tokens
+    return body
+
+
+class WireFormat(Protocol):
+    """One wire format: its chat view and the body with fitted messages written back."""
+
+    name: str
+    prompt_field: str  # the body field holding the conversation, named in errors about it
+
+    def view(self, payload: Mapping[str, Any]) -> ChatView: ...
+
+    def emit(
+        self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]
+    ) -> dict[str, Any]: ...
+
+
+class ChatCompletions:
+    """Chat completions: the view is the body itself."""
+
+    name = "chat"
+    prompt_field = "messages"
+
+    def view(self, payload: Mapping[str, Any]) -> ChatView:
+        messages = payload.get("messages")
+        return ChatView(messages if isinstance(messages, list) else [], payload)
+
+    def emit(self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]) -> dict[str, Any]:
+        return {**payload, "messages": list(messages)}
+
+
+CHAT = ChatCompletions()

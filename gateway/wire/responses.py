@@ -1,0 +1,217 @@
+"""OpenAI Responses: `instructions` plus `input` (a string or a list of items).
+
+The chat view maps items onto the shapes gateway.compress already keeps
+paired and whole:
+
+- `instructions` becomes a first system message;
+- user, system and developer message items are used as they are (they
+  already have `role` and `content`; `input_text`, `input_image` and
+  `input_file` parts are known to compress);
+- each run of consecutive model-side items (assistant messages, `reasoning`,
+  `function_call`, `custom_tool_call`, and any other item type, such as
+  built-in tool calls or `item_reference`) becomes ONE assistant message: its
+  content holds the message parts and the reasoning and other items as
+  blocks, its `tool_calls` the function calls. A reasoning item therefore
+  goes (stage 1 drops `reasoning` blocks) or stays whole, and is never
+  separated from the call or message it produced;
+- each `function_call_output` (`custom_tool_call_output`) becomes a `role:
+  tool` message answering its call, so the pair is one unit.
+
+Every part, call and output carries the index of the item it came from
+(`ORIGIN`), which survives compress's copies; `emit` writes unchanged runs
+back as their original items and changed ones as the original items with
+only the changed text, arguments or output replaced. When the items are laid
+out so that an output does not directly follow its call's run (other outputs
+aside), the view is marked not fittable: the request is forwarded as it is
+rather than risk an orphan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.wire.base import ChatView, Message, counted_body
+
+ORIGIN = "x_context_gateway_origin"
+USER_SIDE_ROLES = frozenset({"user", "system", "developer"})
+CALL_ARGUMENTS = {"function_call": "arguments", "custom_tool_call": "input"}
+OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+@dataclass
+class _Layout:
+    items: list[Any]
+    string_input: bool
+    has_instructions: bool
+    fittable: bool = True
+    # Chat messages this view produced for runs and outputs, by the id() of the message.
+    produced: dict[int, list[int]] = field(default_factory=dict)
+
+
+def item_type(item: Mapping[str, Any]) -> object:
+    return item.get("type", "message" if "role" in item else None)
+
+
+def _user_side(item: object) -> bool:
+    return isinstance(item, Mapping) and item_type(item) == "message" and item.get("role") in USER_SIDE_ROLES
+
+
+class ResponsesInput:
+    name = "responses"
+    prompt_field = "input"
+
+    def view(self, payload: Mapping[str, Any]) -> ChatView:
+        raw = payload.get("input")
+        items: list[Any] = (
+            [{"role": "user", "content": raw}]
+            if isinstance(raw, str)
+            else list(raw)
+            if isinstance(raw, list)
+            else []
+        )
+        instructions = payload.get("instructions")
+        has_instructions = isinstance(instructions, str) and bool(instructions)
+        layout = _Layout(items, isinstance(raw, str), has_instructions)
+        chat: list[Message] = [{"role": "system", "content": instructions}] if has_instructions else []
+        chat += self._messages(layout)
+        counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"))
+        return ChatView(chat, counted, layout, layout.fittable)
+
+    def _messages(self, layout: _Layout) -> list[Message]:
+        items = layout.items
+        out: list[Message] = []
+        pending: set[object] = set()  # call ids of the last run not yet answered
+        i = 0
+        while i < len(items):
+            item = items[i]
+            if not isinstance(item, Mapping):
+                layout.fittable = False
+                return []
+            if _user_side(item):
+                if pending:
+                    layout.fittable = False
+                    return []
+                out.append(item)
+                i += 1
+                continue
+            if item_type(item) in OUTPUT_TYPES:
+                if item.get("call_id") not in pending:
+                    layout.fittable = False
+                    return []
+                pending.discard(item.get("call_id"))
+                message = {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
+                message[ORIGIN] = i
+                layout.produced[id(message)] = [i]
+                out.append(message)
+                i += 1
+                continue
+            end = i
+            while (
+                end < len(items)
+                and not _user_side(items[end])
+                and not (isinstance(items[end], Mapping) and item_type(items[end]) in OUTPUT_TYPES)
+            ):
+                end += 1
+            if pending:
+                layout.fittable = False
+                return []
+            run = self._run(items, i, end)
+            pending = {call["id"] for call in run.get("tool_calls", ())}
+            layout.produced[id(run)] = list(range(i, end))
+            out.append(run)
+            i = end
+        if pending:
+            layout.fittable = False
+            return []
+        return out
+
+    @staticmethod
+    def _run(items: Sequence[Any], start: int, end: int) -> dict[str, Any]:
+        """One assistant message standing for the model-side items[start:end]."""
+        parts: list[Any] = []
+        calls: list[Any] = []
+        for i in range(start, end):
+            item = items[i]
+            if not isinstance(item, Mapping):
+                parts.append({"type": "x_item", ORIGIN: i})
+                continue
+            kind = item_type(item)
+            if kind == "message":
+                content = item.get("content")
+                if isinstance(content, str):
+                    parts.append({"type": "output_text", "text": content, ORIGIN: (i, -1)})
+                elif isinstance(content, list):
+                    parts += [
+                        {**part, ORIGIN: (i, j)} if isinstance(part, Mapping) else part
+                        for j, part in enumerate(content)
+                    ]
+            elif kind in CALL_ARGUMENTS:
+                function = {"name": item.get("name"), "arguments": item.get(CALL_ARGUMENTS[str(kind)])}
+                calls.append({"id": item.get("call_id"), "type": "function", "function": function, ORIGIN: i})
+            else:  # reasoning (a block stage 1 drops whole) or an item compress does not know: kept whole
+                parts.append({**item, ORIGIN: i})
+        run: dict[str, Any] = {"role": "assistant", "content": parts}
+        if calls:
+            run["tool_calls"] = calls
+        return run
+
+    def emit(self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]) -> dict[str, Any]:
+        layout: _Layout = view.state
+        out = dict(payload)
+        rest = list(messages)
+        if layout.has_instructions:
+            out["instructions"] = rest.pop(0)["content"]
+        items: list[Any] = []
+        for message in rest:
+            indices = layout.produced.get(id(message))
+            if indices is not None:  # the very message the view made: its items, untouched
+                items += [layout.items[i] for i in indices]
+            elif ORIGIN in message or message.get("role") == "assistant":
+                items += _rebuild(layout.items, message)
+            else:  # a user-side item (as it was or changed) or compress's omission marker
+                items.append(message)
+        if layout.string_input and len(items) == 1 and isinstance(items[0].get("content"), str):
+            out["input"] = items[0]["content"]
+        else:
+            out["input"] = items
+        return out
+
+
+def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
+    """The items a changed run or output message stands for, with only what changed replaced."""
+    if message.get("role") == "tool":
+        i = message[ORIGIN]
+        return [{**originals[i], "output": message.get("content")}]
+    pieces: dict[int, Any] = {}
+    texts: dict[int, list[Any]] = {}
+    string_content: set[int] = set()
+    content = message.get("content")
+    for part in content if isinstance(content, list) else ():
+        origin = part.get(ORIGIN) if isinstance(part, Mapping) else None
+        if isinstance(origin, int):
+            pieces[origin] = originals[origin]
+        elif isinstance(origin, tuple):
+            i, j = origin
+            bare = {key: value for key, value in part.items() if key != ORIGIN}
+            texts.setdefault(i, []).append(bare)
+            if j == -1:
+                string_content.add(i)
+        # An untagged part is compress's "[reasoning omitted …]" trace (stage 1 emptied the run's
+        # content): the reasoning items it stands for are gone, and it is no item of its own.
+    for i, parts in texts.items():
+        if i in string_content:
+            pieces[i] = {**originals[i], "content": "".join(str(part.get("text", "")) for part in parts)}
+        else:
+            pieces[i] = {**originals[i], "content": parts}
+    for call in message.get("tool_calls") or ():
+        i = call[ORIGIN]
+        original = originals[i]
+        key = CALL_ARGUMENTS[str(item_type(original))]
+        arguments = call["function"]["arguments"]
+        pieces[i] = original if arguments == original.get(key) else {**original, key: arguments}
+    return [pieces[i] for i in sorted(pieces)]
+
+
+RESPONSES = ResponsesInput()

@@ -1,0 +1,103 @@
+"""Validation of an OpenAI Responses body before the gateway does any work on it.
+
+Every field the gateway reads is held to the shape the Responses API documents: `input` (a
+string or items: messages, `function_call` / `function_call_output` with their `call_id`,
+`reasoning`, or any other typed item, forwarded whole), `instructions`, `tools`,
+`max_output_tokens`, `stream`, and the server-state fields `previous_response_id`,
+`conversation` and `truncation`. A malformed one answers 400 with OpenAI's wording naming
+the field. Content parts share the chat validator's checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.wire.chat import (
+    check_content,
+    check_depth,
+    check_model,
+    check_object_array,
+    check_optional,
+    invalid_type,
+)
+
+ROLES = ("user", "assistant", "system", "developer")
+TRUNCATIONS = ("auto", "disabled")
+# Item fields that must be strings, by item type.
+_ITEM_STRINGS = {
+    "function_call": ("call_id", "name", "arguments"),
+    "custom_tool_call": ("call_id", "name", "input"),
+    "function_call_output": ("call_id",),
+    "custom_tool_call_output": ("call_id",),
+    "reasoning": ("id",),
+    "item_reference": ("id",),
+}
+
+
+def validate_responses_body(payload: object, raw: bytes) -> None:
+    """Raise a 400 `GatewayError` naming the first malformed field of a Responses body."""
+    if not isinstance(payload, dict):
+        raise GatewayError(400, "The request body must be a JSON object.")
+    check_model(payload.get("model"))
+    check_optional(payload, "stream", bool, "a boolean")
+    check_optional(payload, "instructions", str, "a string")
+    check_optional(payload, "previous_response_id", str, "a string")
+    check_optional(payload, "store", bool, "a boolean")
+    maximum = payload.get("max_output_tokens")
+    if maximum is not None and (not isinstance(maximum, int) or isinstance(maximum, bool) or maximum < 0):
+        raise invalid_type("max_output_tokens", maximum, "a non-negative integer")
+    truncation = payload.get("truncation")
+    if truncation is not None and truncation not in TRUNCATIONS:
+        shown = repr(truncation)[:60] if isinstance(truncation, str) else "a non-string"
+        raise GatewayError(
+            400,
+            f"Invalid value for 'truncation': {shown}. Supported values are: 'auto' and 'disabled'.",
+            param="truncation",
+        )
+    conversation = payload.get("conversation")
+    if conversation is not None and not isinstance(conversation, str):
+        if not isinstance(conversation, dict):
+            raise invalid_type("conversation", conversation, "a string or an object")
+        if not isinstance(conversation.get("id"), str):
+            raise invalid_type("conversation.id", conversation.get("id"), "a string")
+    items = payload.get("input")
+    if items is not None and not isinstance(items, str):
+        if not isinstance(items, list):
+            raise invalid_type("input", items, "a string or an array of input items")
+        for index, item in enumerate(items):
+            _item(item, f"input[{index}]")
+    check_object_array(payload, "tools")
+    check_depth(payload, raw)
+
+
+def _item(item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise invalid_type(where, item, "an object")
+    kind = item.get("type", "message" if "role" in item else None)
+    if not isinstance(kind, str):
+        raise invalid_type(f"{where}.type", kind, "a string")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ROLES:
+            shown = repr(role)[:60] if isinstance(role, str) else "a non-string"
+            raise GatewayError(
+                400,
+                f"Invalid value for '{where}.role': {shown}. Supported values are: "
+                + ", ".join(f"'{r}'" for r in ROLES)
+                + ".",
+                param=f"{where}.role",
+            )
+        content = item.get("content")
+        if not isinstance(content, str | list):
+            raise invalid_type(f"{where}.content", content, "a string or an array of content parts")
+        check_content(content, f"{where}.content", depth=0)
+        return
+    for name in _ITEM_STRINGS.get(kind, ()):
+        if not isinstance(item.get(name), str):
+            raise invalid_type(f"{where}.{name}", item.get(name), "a string")
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        output = item.get("output")
+        if not isinstance(output, str | list):
+            raise invalid_type(f"{where}.output", output, "a string or an array of content parts")
+        check_content(output, f"{where}.output", depth=0)

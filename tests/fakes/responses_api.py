@@ -1,0 +1,420 @@
+"""The fake upstream's OpenAI Responses API: strict input validation, server state, answers, SSE.
+
+Validation follows the real API where the gateway can break it: item types
+and roles; every `function_call` answered by a `function_call_output` with
+the same `call_id` ("No tool output found for function call …") and every
+output answering an earlier call ("No tool call found for function call
+output with call_id …"), across the stored history too; a `reasoning` item
+must be followed by the item it produced. `previous_response_id` and
+`conversation` prepend history the fake stored; `truncation: "auto"` drops
+the oldest items until the input fits, `"disabled"` (the default) refuses with
+the Responses API's overflow error (a 400, or a `response.failed` event in a
+200 stream). Pure: the state lives in `ResponsesState`, passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tests.fakes.answers import ECHO_CHARS, ECHO_PREFIX, TOOL_TRIGGER, Identity, Usage, split_text, sse
+from tests.fakes.tokens import count_text
+
+Error = tuple[int, str, str | None, str | None]
+"""(status, message, param, code) of the first problem found."""
+
+ITEM_TYPES = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "item_reference",
+    "custom_tool_call",
+    "custom_tool_call_output",
+)
+ROLES = ("user", "assistant", "system", "developer")
+INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
+OUTPUT_PARTS = frozenset({"output_text", "refusal"})
+TRUNCATIONS = ("auto", "disabled")
+OVERFLOW_MESSAGE = (
+    "Your input exceeds the context window of this model. Please adjust your input and try again."
+)
+TOKENS_PER_ITEM = 3
+IMAGE_TOKENS = 765
+
+
+# Stored responses kept at most (oldest forgotten first), so a long benchmark stays bounded.
+MAX_STORED = 1_000
+
+
+@dataclass
+class ResponsesState:
+    """What the fake remembers between requests: stored responses and conversations (their items)."""
+
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def store(self, response_id: str, items: list[dict[str, Any]]) -> None:
+        self.responses[response_id] = items
+        if len(self.responses) > MAX_STORED:
+            del self.responses[next(iter(self.responses))]
+
+
+def _invalid(message: str, param: str | None, code: str | None = "invalid_value") -> Error:
+    return 400, message, param, code
+
+
+def validate(body: object, state: ResponsesState) -> Error | None:
+    if not isinstance(body, Mapping):
+        return _invalid("The request body must be a JSON object.", None, None)
+    if not isinstance(body.get("model"), str):
+        return _invalid("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        return _invalid("Invalid type for 'instructions': expected a string.", "instructions", "invalid_type")
+    truncation = body.get("truncation", "disabled")
+    if truncation not in TRUNCATIONS:
+        return _invalid(
+            f"Invalid value: '{truncation}'. Supported values are: 'auto' and 'disabled'.", "truncation"
+        )
+    previous, conversation = body.get("previous_response_id"), body.get("conversation")
+    if previous is not None and conversation is not None:
+        return _invalid(
+            "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' "
+            "or 'conversation'.",
+            None,
+            "mutually_exclusive_parameters",
+        )
+    if previous is not None and previous not in state.responses:
+        return _invalid(f"Previous response with id '{previous}' not found.", "previous_response_id", None)
+    if conversation is not None and _conversation_id(conversation) not in state.conversations:
+        return (
+            404,
+            f"Conversation with id '{_conversation_id(conversation)}' not found.",
+            "conversation",
+            None,
+        )
+    items = body.get("input")
+    if isinstance(items, str):
+        return None
+    if not isinstance(items, list):
+        return _invalid(
+            "Invalid type for 'input': expected one of a string or array.", "input", "invalid_type"
+        )
+    for index, item in enumerate(items):
+        error = _check_item(index, item)
+        if error:
+            return error
+    return _check_pairs(history(body, state), items)
+
+
+def _conversation_id(value: object) -> object:
+    return value.get("id") if isinstance(value, Mapping) else value
+
+
+def item_type(item: Mapping[str, Any]) -> object:
+    return item.get("type", "message" if "role" in item else None)
+
+
+def _check_item(index: int, item: object) -> Error | None:
+    where = f"input[{index}]"
+    if not isinstance(item, Mapping):
+        return _invalid(f"Invalid type for '{where}': expected an object.", where, "invalid_type")
+    kind = item_type(item)
+    if kind not in ITEM_TYPES:
+        supported = ", ".join(f"'{name}'" for name in ITEM_TYPES)
+        return _invalid(f"Invalid value: '{kind}'. Supported values are: {supported}.", f"{where}.type")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ROLES:
+            supported = ", ".join(f"'{name}'" for name in ROLES)
+            return _invalid(f"Invalid value: '{role}'. Supported values are: {supported}.", f"{where}.role")
+        content = item.get("content")
+        if isinstance(content, str):
+            return None
+        if not isinstance(content, list):
+            return _invalid(f"Missing required parameter: '{where}.content'.", f"{where}.content", None)
+        allowed = OUTPUT_PARTS if role == "assistant" else INPUT_PARTS
+        for position, part in enumerate(content):
+            kind_of_part = part.get("type") if isinstance(part, Mapping) else None
+            if kind_of_part not in allowed:
+                supported = ", ".join(f"'{name}'" for name in sorted(allowed))
+                return _invalid(
+                    f"Invalid value: '{kind_of_part}'. Supported values are: {supported}.",
+                    f"{where}.content[{position}].type",
+                )
+        return None
+    required = {
+        "function_call": ("call_id", "name", "arguments"),
+        "function_call_output": ("call_id", "output"),
+        "custom_tool_call": ("call_id", "name", "input"),
+        "custom_tool_call_output": ("call_id", "output"),
+        "reasoning": ("id", "summary"),
+        "item_reference": ("id",),
+    }[str(kind)]
+    for name in required:
+        if name not in item:
+            param = f"{where}.{name}"
+            return _invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+    return None
+
+
+def _check_pairs(earlier: Sequence[Mapping[str, Any]], items: Sequence[Any]) -> Error | None:
+    calls = {
+        item.get("call_id") for item in earlier if item_type(item) in ("function_call", "custom_tool_call")
+    }
+    answered = {
+        item.get("call_id")
+        for item in (*earlier, *items)
+        if item_type(item) in ("function_call_output", "custom_tool_call_output")
+    }
+    for index, item in enumerate(items):
+        kind = item_type(item)
+        if kind in ("function_call", "custom_tool_call"):
+            if item["call_id"] not in answered:
+                return _invalid(f"No tool output found for function call {item['call_id']}.", "input", None)
+            calls.add(item["call_id"])
+        elif kind in ("function_call_output", "custom_tool_call_output") and item["call_id"] not in calls:
+            return _invalid(
+                f"No tool call found for function call output with call_id {item['call_id']}.", "input", None
+            )
+        elif kind == "reasoning":
+            following = items[index + 1] if index + 1 < len(items) else None
+            if (
+                following is None
+                or item_type(following) == "reasoning"
+                or (item_type(following) == "message" and following.get("role") != "assistant")
+            ):
+                return _invalid(
+                    f"Item '{item['id']}' of type 'reasoning' was provided without its required "
+                    "following item.",
+                    "input",
+                    None,
+                )
+    return None
+
+
+def as_items(value: object) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return [dict(item) for item in value] if isinstance(value, list) else []
+
+
+def history(body: Mapping[str, Any], state: ResponsesState) -> list[dict[str, Any]]:
+    """Items the server already holds for this request (previous response or conversation)."""
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        return state.responses.get(previous, [])
+    conversation = body.get("conversation")
+    if conversation is not None:
+        return state.conversations.get(str(_conversation_id(conversation)), [])
+    return []
+
+
+# -- counting (the fake's own rules) ------------------------------------------
+
+
+def _count_content(content: object) -> int:
+    if isinstance(content, str):
+        return count_text(content)
+    total = 0
+    for part in content if isinstance(content, list) else ():
+        if isinstance(part, Mapping):
+            if part.get("type") == "input_image":
+                total += IMAGE_TOKENS
+            else:
+                total += count_text(part.get("text"))
+    return total
+
+
+def count_item(item: Mapping[str, Any]) -> int:
+    kind = item_type(item)
+    total = TOKENS_PER_ITEM
+    if kind == "message":
+        return total + count_text(item.get("role")) + _count_content(item.get("content"))
+    if kind in ("function_call", "custom_tool_call"):
+        return total + count_text(item.get("name")) + count_text(item.get("arguments") or item.get("input"))
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return total + _count_content(item.get("output"))
+    if kind == "reasoning":
+        summary = item.get("summary")
+        texts = (
+            [part.get("text") for part in summary if isinstance(part, Mapping)]
+            if isinstance(summary, list)
+            else []
+        )
+        encrypted = item.get("encrypted_content")
+        return (
+            total
+            + sum(count_text(t) for t in texts)
+            + (len(encrypted) // 4 if isinstance(encrypted, str) else 0)
+        )
+    return total + count_text(orjson.dumps(item).decode())
+
+
+def count_input(instructions: object, items: Sequence[Mapping[str, Any]], tools: object) -> int:
+    total = count_text(instructions) + sum(count_item(item) for item in items)
+    if tools:
+        total += count_text(orjson.dumps(tools).decode())
+    return total
+
+
+def truncate_to_fit(items: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
+    """What `truncation: "auto"` keeps: the newest items, dropping from the start (a call with its output)."""
+    kept = list(items)
+    while kept and sum(count_item(item) for item in kept) > room:
+        first = kept.pop(0)
+        if item_type(first) == "function_call":
+            kept = [item for item in kept if item.get("call_id") != first.get("call_id")]
+    return kept
+
+
+# -- answers ----------------------------------------------------------------
+
+
+def _last_user_text(items: Sequence[Mapping[str, Any]]) -> str:
+    for item in reversed(items):
+        if item_type(item) == "message" and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            texts = [p.get("text") for p in content or () if isinstance(p, Mapping)]
+            return "\n".join(t for t in texts if isinstance(t, str))
+    return ""
+
+
+def output_items(
+    body: Mapping[str, Any], items: Sequence[Mapping[str, Any]], serial: int
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if isinstance(body.get("reasoning"), Mapping):
+        out.append({"type": "reasoning", "id": f"rs_fake_{serial}", "summary": []})
+    tools = body.get("tools")
+    name = (
+        tools[0].get("name") if isinstance(tools, list) and tools and isinstance(tools[0], Mapping) else None
+    )
+    last = items[-1] if items else {}
+    user_text = _last_user_text(items)
+    if isinstance(name, str) and item_type(last) == "message" and TOOL_TRIGGER in user_text:
+        out.append(
+            {
+                "type": "function_call",
+                "id": f"fc_fake_{serial}",
+                "call_id": f"call_fake_{serial}",
+                "name": name,
+                "arguments": "{}",
+                "status": "completed",
+            }
+        )
+        return out
+    text = ECHO_PREFIX + user_text[:ECHO_CHARS]
+    out.append(
+        {
+            "type": "message",
+            "id": f"msg_fake_{serial}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    )
+    return out
+
+
+def spoken(items: Sequence[Mapping[str, Any]]) -> str:
+    texts = []
+    for item in items:
+        if item_type(item) == "message":
+            texts += [part["text"] for part in item["content"]]
+        elif item_type(item) == "function_call":
+            texts.append(item["name"] + item["arguments"])
+    return " ".join(texts)
+
+
+def response(
+    identity: Identity,
+    body: Mapping[str, Any],
+    *,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: Usage | None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": identity.id,
+        "object": "response",
+        "created_at": identity.created,
+        "status": status,
+        "error": error,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "model": identity.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True),
+        "tool_choice": "auto",
+        "tools": body.get("tools") or [],
+        "truncation": body.get("truncation", "disabled"),
+        "usage": usage.responses() if usage else None,
+    }
+
+
+def _item_events(index: int, item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    added = {"type": "response.output_item.added", "output_index": index}
+    done = {"type": "response.output_item.done", "output_index": index, "item": item}
+    if item_type(item) == "function_call":
+        where = {"item_id": item["id"], "output_index": index}
+        return [
+            {**added, "item": {**item, "arguments": "", "status": "in_progress"}},
+            {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
+            {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
+            done,
+        ]
+    if item_type(item) != "message":
+        return [{**added, "item": item}, done]
+    text = item["content"][0]["text"]
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    empty_part = {"type": "output_text", "text": "", "annotations": []}
+    return [
+        {**added, "item": {**item, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **where, "part": empty_part},
+        *({"type": "response.output_text.delta", **where, "delta": piece} for piece in split_text(text)),
+        {"type": "response.output_text.done", **where, "text": text},
+        {"type": "response.content_part.done", **where, "part": item["content"][0]},
+        done,
+    ]
+
+
+def events(
+    identity: Identity, body: Mapping[str, Any], output: list[dict[str, Any]], usage: Usage
+) -> list[bytes]:
+    """A streamed answer: created, in_progress, each item's events, completed (named events, no [DONE])."""
+    opening = response(identity, body, status="in_progress", output=[], usage=None)
+    payloads: list[dict[str, Any]] = [
+        {"type": "response.created", "response": opening},
+        {"type": "response.in_progress", "response": opening},
+    ]
+    for index, item in enumerate(output):
+        payloads += _item_events(index, item)
+    payloads.append(
+        {
+            "type": "response.completed",
+            "response": response(identity, body, status="completed", output=output, usage=usage),
+        }
+    )
+    return [sse({**payload, "sequence_number": n}, payload["type"]) for n, payload in enumerate(payloads)]
+
+
+def failed_events(identity: Identity, body: Mapping[str, Any]) -> list[bytes]:
+    """An overflow found once the stream began: created, then response.failed with the error."""
+    opening = response(identity, body, status="in_progress", output=[], usage=None)
+    error = {"code": "context_length_exceeded", "message": OVERFLOW_MESSAGE}
+    failed = response(identity, body, status="failed", output=[], usage=None, error=error)
+    payloads = [
+        {"type": "response.created", "response": opening},
+        {"type": "response.failed", "response": failed},
+    ]
+    return [sse({**payload, "sequence_number": n}, payload["type"]) for n, payload in enumerate(payloads)]

@@ -1,0 +1,217 @@
+"""POST /v1/responses through the gateway with the real `openai` SDK, against the fake Responses API.
+
+The fake pairs function calls and outputs by call_id, keeps reasoning items with what they
+produced, stores responses for previous_response_id and has a small window: long
+conversations only succeed if the gateway fitted them, or had the upstream truncate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.conftest import GatewayFactory
+from tests.fakes import responses_api
+from tests.fakes.responses_api import ResponsesState
+from tests.fakes.upstream import FakeUpstream
+
+MODEL = "gpt-4o"
+WINDOW = 3_000
+TOOL: Any = {"type": "function", "name": "run", "parameters": {"type": "object"}}
+
+
+def windowed(start_gateway: GatewayFactory, window: int = WINDOW, **environ: str) -> str:
+    return start_gateway(GATEWAY_MODELS=orjson.dumps({MODEL: {"context_window": window}}).decode(), **environ)
+
+
+@pytest.fixture
+def sdk(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> Iterator[openai.OpenAI]:
+    fake_upstream.window = WINDOW
+    with openai.OpenAI(base_url=windowed(start_gateway), api_key="sk-caller", max_retries=0) as client:
+        yield client
+
+
+def log_line(turn: int) -> str:
+    return "\n".join(f"line {k} of step {turn}: value={turn * k} status=ok" for k in range(60))
+
+
+def test_long_stateless_tool_conversation_stays_valid(
+    fake_upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    """The client keeps the history (store=false, as Codex does): the gateway fits it, pairs intact."""
+    items: list[Any] = [{"role": "user", "content": "Investigate the build. CALL_TOOL"}]
+    compressed = 0
+    for turn in range(12):
+        asked = items[-1]
+        raw = sdk.responses.with_raw_response.create(
+            model=MODEL,
+            input=items,
+            tools=[TOOL],
+            instructions="Be terse.",
+            store=False,
+            max_output_tokens=500,
+        )
+        reply = raw.parse()
+        compressed += raw.headers["x-gateway-compression"] != "none"
+        call = reply.output[-1]
+        assert call.type == "function_call"
+        items.append(call.model_dump(exclude_none=True))
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": log_line(turn)})
+        items.append({"role": "user", "content": f"Step {turn} done. CALL_TOOL"})
+    assert compressed >= 6
+    sent = fake_upstream.requests_to("/v1/responses")[-1].json
+    assert responses_api.validate(sent, ResponsesState()) is None
+    assert responses_api.count_input(sent["instructions"], sent["input"], sent["tools"]) + 500 <= WINDOW
+    assert sent["input"][-1] == asked
+
+
+def test_stream_and_byte_identical_relay(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:
+    events = list(sdk.responses.create(model=MODEL, input="hello there", stream=True))
+    assert events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "echo: hello there"
+    body = orjson.dumps(
+        {"model": MODEL, "input": [{"role": "user", "content": "hi"}], "metadata": {"k": "v"}}
+    )
+    answer = httpx.post(
+        str(sdk.base_url) + "responses", content=body, headers={"authorization": "Bearer sk-caller"}
+    )
+    assert answer.status_code == 200 and answer.headers["x-gateway-compression"] == "none"
+    assert fake_upstream.requests_to("/v1/responses")[-1].body == body
+
+
+def test_long_streamed_conversation_is_fitted(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:
+    items: list[Any] = []
+    for turn in range(10):
+        items.append({"role": "user", "content": log_line(turn)})
+        stream = sdk.responses.create(model=MODEL, input=items, stream=True)
+        last = list(stream)[-1]
+        assert last.type == "response.completed"
+        final = last.response
+        items.append({"role": "assistant", "content": final.output_text})
+    assert final.output_text.startswith("echo: line 0 of step 9")
+
+
+def test_overflow_recovery(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
+    fake_upstream.window = WINDOW
+    items = [{"role": "user" if n % 2 == 0 else "assistant", "content": log_line(n)} for n in range(9)]
+    with openai.OpenAI(base_url=windowed(start_gateway, window=20_000), api_key="k", max_retries=0) as client:
+        raw = client.responses.with_raw_response.create(model=MODEL, input=items)
+        assert raw.headers["x-gateway-retry"] == "overflow"
+        assert raw.parse().output_text.startswith("echo: line 0 of step 8")
+        streamed = list(client.responses.create(model=MODEL, input=items, stream=True))
+    assert streamed[-1].type == "response.completed", "the in-stream response.failed was retried"
+
+
+def test_previous_response_id_pass_relays_the_upstreams_overflow(
+    fake_upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    previous = sdk.responses.create(model=MODEL, input=log_line(0)).id
+    for turn in range(1, 6):
+        try:
+            previous = sdk.responses.create(
+                model=MODEL, input=log_line(turn), previous_response_id=previous
+            ).id
+        except openai.BadRequestError as refused:
+            assert refused.code == "context_length_exceeded"
+            assert "truncation" not in fake_upstream.requests_to("/v1/responses")[-1].json
+            return
+    pytest.fail("the server-side history never overflowed")
+
+
+def test_previous_response_id_truncate_auto(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """truncate_auto: measured with input_tokens; over budget, the upstream is asked to truncate."""
+    fake_upstream.window = WINDOW
+    url = windowed(start_gateway, GATEWAY_COMPRESSION_RESPONSES_SERVER_STATE="truncate_auto")
+    with openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+        previous = client.responses.create(model=MODEL, input=log_line(0)).id
+        stages = []
+        for turn in range(1, 8):
+            raw = client.responses.with_raw_response.create(
+                model=MODEL, input=f"{log_line(turn)}\nCALL_TOOL", previous_response_id=previous, tools=[TOOL]
+            )
+            stages.append(raw.headers["x-gateway-compression"])
+            reply = raw.parse()
+            call = reply.output[-1]
+            assert call.type == "function_call"
+            done = client.responses.create(
+                model=MODEL,
+                previous_response_id=reply.id,
+                input=[{"type": "function_call_output", "call_id": call.call_id, "output": "ok"}],
+            )
+            previous = done.id
+    assert "server_truncation" in stages
+    assert fake_upstream.requests_to("/v1/responses/input_tokens")
+    truncated = [
+        r.json for r in fake_upstream.requests_to("/v1/responses") if r.json.get("truncation") == "auto"
+    ]
+    assert truncated and all(r["previous_response_id"] for r in truncated)
+
+
+def test_streamed_server_state_overflow_is_retried_with_truncation(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """The gateway does not know the window; the upstream's in-stream failure triggers truncation."""
+    fake_upstream.window = WINDOW
+    url = start_gateway(GATEWAY_COMPRESSION_RESPONSES_SERVER_STATE="truncate_auto")
+    with openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+        previous = client.responses.create(model=MODEL, input=log_line(0)).id
+        for turn in range(1, 6):
+            events = list(
+                client.responses.create(
+                    model=MODEL, input=log_line(turn), previous_response_id=previous, stream=True
+                )
+            )
+            assert events[-1].type == "response.completed"
+            previous = events[-1].response.id
+    assert any(r.json.get("truncation") == "auto" for r in fake_upstream.requests_to("/v1/responses"))
+
+
+def test_gateway_errors_name_the_field(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.responses.create(model=MODEL, input=[{"type": "function_call", "call_id": 3}])  # type: ignore[list-item]
+    assert bad.value.param == "input[0].call_id"
+    with pytest.raises(openai.BadRequestError) as truncation:
+        sdk.responses.create(model=MODEL, input="x", truncation="sometimes")  # type: ignore[arg-type]
+    assert truncation.value.param == "truncation"
+
+
+def test_broken_stream_ends_with_a_responses_error_event(sdk: openai.OpenAI) -> None:
+    """An upstream that drops the stream midway: it ends with the Responses API's own `error` event."""
+    events = list(
+        sdk.responses.create(
+            model=MODEL, input="hello", stream=True, extra_headers={"x-fake-fault": "half_stream"}
+        )
+    )
+    assert events[-1].type == "error" and events[-1].code == "upstream_broken"  # type: ignore[union-attr]
+    answer = httpx.post(
+        str(sdk.base_url) + "responses",
+        json={"model": MODEL, "input": "hello there", "stream": True},
+        headers={"x-fake-fault": "half_stream"},
+        timeout=30,
+    )
+    last = answer.text.rstrip("\n").split("\n\n")[-1]
+    assert last.startswith("event: error\ndata: ")
+    assert orjson.loads(last.split("data: ", 1)[1])["code"] == "upstream_broken"
+
+
+def test_unfittable_layout_is_forwarded_unchanged(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:
+    """A call answered only after a later user message cannot be fitted pair-safe: sent as it is, once."""
+    items: Any = [
+        {"role": "user", "content": "start"},
+        {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},
+        {"role": "user", "content": log_line(1) + log_line(2) + log_line(4) + log_line(5)},
+        {"type": "function_call_output", "call_id": "c1", "output": log_line(3)},
+        {"role": "user", "content": "go on"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model=MODEL, input=items)
+    assert refused.value.code == "context_length_exceeded"  # the upstream's own answer, relayed
+    sent = fake_upstream.requests_to("/v1/responses")
+    assert len(sent) == 1 and sent[0].json["input"] == items

@@ -1,0 +1,88 @@
+"""fit's work grows linearly with the input: measured in messages read, never in seconds.
+
+Stage 5 weighs a marker at every candidate cut; when each weighing listed the
+dropped messages, the reads grew with the square of the conversation (100k
+short messages took minutes). Reads are deterministic, so doubling the input
+must about double them; a quadratic step would quadruple them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
+
+import pytest
+
+import gateway  # noqa: F401
+from gateway.compress import fit
+
+MODEL = "gpt-4o"
+Message = dict[str, Any]
+
+
+class CountingMessages(Sequence[Message]):
+    """A message list that counts every message handed out, by index, slice or iteration."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        for message in self.messages:
+            self.reads += 1
+            yield message
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        if isinstance(index, slice):
+            items = self.messages[index]
+            self.reads += len(items)
+            return items
+        self.reads += 1
+        return self.messages[index]
+
+
+def chat(count: int) -> list[Message]:
+    """A long chat of short messages, ending on a user question."""
+    messages: list[Message] = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i in range(count):
+        role = "user" if i % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": f"Message {i}: the cache for order {i * 7} is warm."})
+    messages.append({"role": "user", "content": "Which order is still cold?"})
+    return messages
+
+
+def tiny_steps(count: int) -> list[Message]:
+    """One task answered by many one-line tool steps."""
+    messages: list[Message] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Find the stale worker."},
+    ]
+    for i in range(count):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"worker_{i}.py ok"})
+    return messages
+
+
+def reads(build: Callable[[int], list[Message]], count: int, budget: int) -> int:
+    messages = CountingMessages(build(count))
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert "drop_turns" in result.stages  # the stage whose search went quadratic is exercised
+    return messages.reads
+
+
+@pytest.mark.parametrize(("build", "count", "budget"), [(chat, 2000, 1000), (tiny_steps, 1000, 1000)])
+def test_doubling_the_input_about_doubles_the_messages_read(
+    build: Callable[[int], list[Message]], count: int, budget: int
+) -> None:
+    single, double = reads(build, count, budget), reads(build, 2 * count, budget)
+    assert double <= 2.5 * single, (single, double)

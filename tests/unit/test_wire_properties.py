@@ -1,0 +1,305 @@
+"""Property tests of fitting native requests (Anthropic Messages, OpenAI Responses) through gateway.wire.
+
+Random conversations in each API's own shape — system blocks, signed thinking,
+tool pairs, parallel calls, reasoning items, images, cache_control markers —
+are fitted to random budgets and must come out: within budget (or refused
+with ContextBudgetExceeded), accepted by the fake upstream's strict validator
+of that API, with every thinking block and reasoning item byte-identical to
+one sent, markers on the blocks that carried them, deterministic, and with
+the input untouched. Unchanged requests round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gateway  # noqa: F401  (offline tiktoken)
+from gateway.compress import CompressionOptions, ContextBudgetExceeded
+from gateway.tokens.counter import counter_for
+from gateway.wire.anthropic import ANTHROPIC
+from gateway.wire.base import WireFormat
+from gateway.wire.fitting import fit_request
+from gateway.wire.responses import ORIGIN, RESPONSES
+from tests.fakes import anthropic_api, responses_api
+from tests.fakes.responses_api import ResponsesState
+
+CLAUDE = "claude-haiku-4-5"
+GPT = "gpt-4o"
+WORDS = ["the", "build", "failed", "config", "服务", "错误", "id=4471", "ERROR", "12.5", "timeout", "ok"]
+PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+
+
+def text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def size(rng: random.Random) -> int:
+    return rng.choice([3, 20, 200, 1500])
+
+
+# --- Anthropic ---------------------------------------------------------------------------------
+
+
+def anthropic_body(seed: int, turns: int, thinking: bool, marks: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    counter = 0
+
+    def block(value: str) -> dict[str, Any]:
+        return {"type": "text", "text": value}
+
+    def thought() -> dict[str, Any]:
+        value = text(rng, size(rng))
+        return {"type": "thinking", "thinking": value, "signature": anthropic_api.sign(value)}
+
+    messages: list[dict[str, Any]] = []
+    for turn in range(turns):
+        content: list[dict[str, Any]] = [block(text(rng, size(rng)))]
+        if rng.random() < 0.15:
+            content.append(
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL_PNG}}
+            )
+        messages.append({"role": "user", "content": content if rng.random() < 0.7 else content[0]["text"]})
+        for _ in range(rng.choice([0, 0, 1, 2])):  # tool rounds
+            counter += 1
+            ids = [f"toolu_{counter}_{k}" for k in range(rng.choice([1, 1, 2]))]
+            answer: list[dict[str, Any]] = [thought()] if thinking else []
+            if rng.random() < 0.5:
+                answer.append(block(text(rng, size(rng))))
+            answer += [
+                {"type": "tool_use", "id": i, "name": "run", "input": {"cmd": text(rng, 5)}} for i in ids
+            ]
+            messages.append({"role": "assistant", "content": answer})
+            results = [
+                {"type": "tool_result", "tool_use_id": i, "content": text(rng, size(rng) * 2)} for i in ids
+            ]
+            messages.append({"role": "user", "content": results})
+        if turn < turns - 1:
+            final: list[dict[str, Any]] = [thought()] if thinking else []
+            if thinking and rng.random() < 0.2:
+                final = [{"type": "redacted_thinking", "data": anthropic_api.redacted(text(rng, 5))}]
+            final.append(block(text(rng, size(rng))))
+            messages.append({"role": "assistant", "content": final})
+    body: dict[str, Any] = {"model": CLAUDE, "max_tokens": 2048, "messages": messages}
+    if rng.random() < 0.7:
+        body["system"] = [block(text(rng, 40))] if rng.random() < 0.5 else text(rng, 40)
+    if thinking:
+        body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+    # cache_control markers (tagged so the test can follow them) on up to `marks` text blocks.
+    candidates = [
+        b for m in messages if isinstance(m["content"], list) for b in m["content"] if b["type"] == "text"
+    ]
+    for number, marked in enumerate(rng.sample(candidates, min(marks, len(candidates)))):
+        marked["cache_control"] = {"type": "ephemeral"}
+        marked["x_mark"] = number
+    return body
+
+
+def marked_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        b
+        for m in body["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if "cache_control" in b or "x_mark" in b
+    ]
+
+
+def thinking_blocks(body: dict[str, Any]) -> list[bytes]:
+    return [
+        orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
+        for m in body["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b["type"] in ("thinking", "redacted_thinking")
+    ]
+
+
+def fitted(
+    wire: WireFormat, body: dict[str, Any], model: str, budget: int
+) -> tuple[dict[str, Any] | None, int]:
+    view = wire.view(body)
+    tokens = counter_for(model).request(view.counted)
+    out, _, _ = fit_request(
+        wire, body, view, model=model, budget=budget, tokens=tokens, options=CompressionOptions()
+    )
+    return out, tokens
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    turns=st.integers(1, 12),
+    thinking=st.booleans(),
+    marks=st.integers(0, 4),
+    share=st.floats(0.05, 1.2),
+)
+def test_anthropic_fit_is_valid_within_budget_and_keeps_signed_blocks(
+    seed: int, turns: int, thinking: bool, marks: int, share: float
+) -> None:
+    body = anthropic_body(seed, turns, thinking, marks)
+    assert anthropic_api.validate(body) is None, "the generator makes valid requests"
+    pristine = copy.deepcopy(body)
+    total = counter_for(CLAUDE).request(ANTHROPIC.view(body).counted)
+    budget = max(300, int(total * share))
+    try:
+        out, _ = fitted(ANTHROPIC, body, CLAUDE, budget)
+    except ContextBudgetExceeded:
+        return
+    assert body == pristine, "the input is never mutated"
+    if out is None:
+        assert total <= budget
+        return
+    assert counter_for(CLAUDE).request(ANTHROPIC.view(out).counted) <= budget
+    assert anthropic_api.validate(out) is None, anthropic_api.validate(out)
+    assert set(thinking_blocks(out)) <= set(thinking_blocks(body)), "thinking kept byte-identical or dropped"
+    # The assistant turn the final tool results answer keeps its thinking (the API requires it).
+    last = body["messages"][-1]["content"]
+    if thinking and isinstance(last, list) and any(b["type"] == "tool_result" for b in last):
+        assert out["messages"][-2]["content"][0] == body["messages"][-2]["content"][0]
+    # Markers: never more than sent, each still on the block that carried it.
+    assert anthropic_api.cache_control_count(out) <= anthropic_api.cache_control_count(body)
+    for marked in marked_blocks(out):
+        assert "cache_control" in marked and "x_mark" in marked
+    again, _ = fitted(ANTHROPIC, copy.deepcopy(pristine), CLAUDE, budget)
+    assert orjson.dumps(again) == orjson.dumps(out), "deterministic"
+    assert out.get("system") == body.get("system") or isinstance(out.get("system"), type(body.get("system")))
+
+
+def test_anthropic_round_trip_is_lossless() -> None:
+    body = anthropic_body(7, 5, True, 3)
+    body["metadata"] = {"user_id": "u1"}
+    body["messages"][0]["x_unknown"] = [1, 2]
+    view = ANTHROPIC.view(body)
+    assert ANTHROPIC.emit(body, view, view.messages) == body
+    no_system = {k: v for k, v in body.items() if k != "system"}
+    view = ANTHROPIC.view(no_system)
+    assert ANTHROPIC.emit(no_system, view, view.messages) == no_system
+
+
+# --- Responses ---------------------------------------------------------------------------------
+
+
+def responses_body(seed: int, turns: int, reasoning: bool, string_parts: bool) -> dict[str, Any]:
+    rng = random.Random(seed)
+    items: list[dict[str, Any]] = []
+    serial = 0
+    for turn in range(turns):
+        words = text(rng, size(rng))
+        if string_parts:
+            items.append({"role": "user", "content": words})
+        else:
+            parts: list[dict[str, Any]] = [{"type": "input_text", "text": words}]
+            if rng.random() < 0.15:
+                parts.append({"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL_PNG}"})
+            items.append({"type": "message", "role": "user", "content": parts})
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            serial += 1
+            if reasoning:
+                items.append(
+                    {"type": "reasoning", "id": f"rs_{serial}", "summary": [], "encrypted_content": "e" * 40}
+                )
+            calls = [f"call_{serial}_{k}" for k in range(rng.choice([1, 1, 2]))]
+            for call_id in calls:
+                arguments = orjson.dumps({"cmd": text(rng, 5)}).decode()
+                items.append(
+                    {"type": "function_call", "call_id": call_id, "name": "run", "arguments": arguments}
+                )
+            for call_id in calls:
+                items.append(
+                    {"type": "function_call_output", "call_id": call_id, "output": text(rng, size(rng) * 2)}
+                )
+        if turn < turns - 1:
+            serial += 1
+            if reasoning:
+                items.append(
+                    {
+                        "type": "reasoning",
+                        "id": f"rs_{serial}",
+                        "summary": [{"type": "summary_text", "text": "s"}],
+                    }
+                )
+            answer = text(rng, size(rng))
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": f"msg_{serial}",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": answer, "annotations": []}],
+                }
+            )
+    body: dict[str, Any] = {"model": GPT, "input": items, "max_output_tokens": 1024}
+    if rng.random() < 0.6:
+        body["instructions"] = text(rng, 40)
+    return body
+
+
+def reasoning_items(body: dict[str, Any]) -> list[bytes]:
+    items = body["input"] if isinstance(body["input"], list) else []
+    return [orjson.dumps(i, option=orjson.OPT_SORT_KEYS) for i in items if i.get("type") == "reasoning"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    turns=st.integers(1, 12),
+    reasoning=st.booleans(),
+    string_parts=st.booleans(),
+    share=st.floats(0.05, 1.2),
+)
+def test_responses_fit_is_valid_within_budget_and_keeps_items_whole(
+    seed: int, turns: int, reasoning: bool, string_parts: bool, share: float
+) -> None:
+    body = responses_body(seed, turns, reasoning, string_parts)
+    assert responses_api.validate(body, ResponsesState()) is None, "the generator makes valid requests"
+    pristine = copy.deepcopy(body)
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    budget = max(300, int(total * share))
+    try:
+        out, _ = fitted(RESPONSES, body, GPT, budget)
+    except ContextBudgetExceeded:
+        return
+    assert body == pristine, "the input is never mutated"
+    if out is None:
+        assert total <= budget
+        return
+    assert ORIGIN.encode() not in orjson.dumps(out), "bookkeeping never leaks upstream"
+    assert counter_for(GPT).request(RESPONSES.view(out).counted) <= budget
+    assert responses_api.validate(out, ResponsesState()) is None, responses_api.validate(
+        out, ResponsesState()
+    )
+    assert set(reasoning_items(out)) <= set(reasoning_items(body)), "reasoning kept whole or dropped"
+    users = [
+        i for i in out["input"] if i.get("role") == "user" and "context-gateway:" not in str(i["content"])
+    ]
+    assert users, "the latest user message is never lost"
+    again, _ = fitted(RESPONSES, copy.deepcopy(pristine), GPT, budget)
+    assert orjson.dumps(again) == orjson.dumps(out), "deterministic"
+
+
+def test_responses_round_trip_is_lossless() -> None:
+    body = responses_body(11, 6, True, False)
+    body["input"].insert(1, {"type": "item_reference", "id": "msg_old"})
+    view = RESPONSES.view(body)
+    assert RESPONSES.emit(body, view, view.messages) == body
+    string_input = {"model": GPT, "input": "hello", "instructions": "be brief"}
+    view = RESPONSES.view(string_input)
+    assert RESPONSES.emit(string_input, view, view.messages) == string_input
+
+
+def test_responses_unpaired_layout_is_left_alone() -> None:
+    items = [
+        {"role": "user", "content": "a"},
+        {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},
+        {"role": "user", "content": "interjection"},
+        {"type": "function_call_output", "call_id": "c1", "output": "x " * 4000},
+        {"role": "user", "content": "b"},
+    ]
+    view = RESPONSES.view({"model": GPT, "input": items})
+    assert not view.fittable
