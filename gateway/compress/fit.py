@@ -276,15 +276,27 @@ def fit(
     target = int(budget_tokens * options.aggressive_ratio) if aggressive else budget_tokens
     if before <= target:
         return unchanged
+    plain = partial(_Fitter, messages, sizes, fixed, counter, options, budget_tokens, budget_tokens)
     if aggressive:
         try:
-            return _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens, summaries).run()
+            result = _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens, summaries).run()
         except ContextBudgetExceeded:
             pass
+        else:
+            if not result.spans:
+                return result
+            # An account's room grows with what its span drops (at most half of it), so a deeper
+            # cut can carry a longer account than the plain fit's; keep the promise to never keep
+            # more than the plain fit by comparing, on the rare requests where accounts exist.
+            try:
+                fallback = plain(summaries).run()
+            except ContextBudgetExceeded:
+                return result
+            return result if result.tokens_after <= fallback.tokens_after else fallback
         # The headroom is a wish, not a requirement: fit the plain budget instead.
         if before <= budget_tokens:
             return unchanged
-    return _Fitter(messages, sizes, fixed, counter, options, budget_tokens, budget_tokens, summaries).run()
+    return plain(summaries).run()
 
 
 class _Span(Sequence[Message]):
