@@ -276,27 +276,26 @@ def fit(
     target = int(budget_tokens * options.aggressive_ratio) if aggressive else budget_tokens
     if before <= target:
         return unchanged
-    plain = partial(_Fitter, messages, sizes, fixed, counter, options, budget_tokens, budget_tokens)
-    if aggressive:
+    plain = partial(_Fitter, messages, sizes, fixed, counter, options)
+    if not aggressive:
+        return plain(budget_tokens, budget_tokens, summaries).run()
+    # Aggressive prefers the deeper cut on the budget's own rungs and grid (cache-stable). But an
+    # account's room is reserved from the budget and grows with what its span drops, so with
+    # digests that cut can keep more than the plain fit, or miss a headroom that a fit to the
+    # headroom alone reaches. The smallest of the three keeps both promises (ties: the first).
+    results: list[FitResult] = []
+    refusals: list[ContextBudgetExceeded] = []
+    for goal, grid in ((target, budget_tokens), (budget_tokens, budget_tokens), (target, target)):
+        if goal == budget_tokens and before <= budget_tokens:
+            results.append(unchanged)
+            continue
         try:
-            result = _Fitter(messages, sizes, fixed, counter, options, target, budget_tokens, summaries).run()
-        except ContextBudgetExceeded:
-            pass
-        else:
-            if not result.spans:
-                return result
-            # An account's room grows with what its span drops (at most half of it), so a deeper
-            # cut can carry a longer account than the plain fit's; keep the promise to never keep
-            # more than the plain fit by comparing, on the rare requests where accounts exist.
-            try:
-                fallback = plain(summaries).run()
-            except ContextBudgetExceeded:
-                return result
-            return result if result.tokens_after <= fallback.tokens_after else fallback
-        # The headroom is a wish, not a requirement: fit the plain budget instead.
-        if before <= budget_tokens:
-            return unchanged
-    return plain(summaries).run()
+            results.append(plain(goal, grid, summaries).run())
+        except ContextBudgetExceeded as refusal:
+            refusals.append(refusal)
+    if not results:
+        raise refusals[1]  # the plain fit's refusal (the second): its numbers describe the real budget
+    return min(results, key=lambda result: result.tokens_after)
 
 
 class _Span(Sequence[Message]):
@@ -773,11 +772,15 @@ class _Fitter:
 
     def _marker_tokens(self, head: int, cut: int, accounts: bool = True) -> int:
         """Tokens of the markers with their accounts' whole room (what the cut must leave free)."""
-        return sum(
-            self.counter.message(omitted_marker(self._dropped(a, b)))
-            + (self._room(a, b) + 1 if accounts else 0)  # (+1: the line break before the account)
-            for a, b in self._spans(head, cut)
-        )
+        return sum(self._marker_with_room(a, b, accounts) for a, b in self._spans(head, cut))
+
+    def _marker_with_room(self, a: int, b: int, accounts: bool) -> int:
+        room = self._room(a, b) if accounts else 0
+        if room <= 0:
+            return self.counter.message(omitted_marker(self._dropped(a, b)))
+        # Weighed as sent: the account's header and line break (a one-token stand-in for the
+        # account keeps a token of slack for where the account joins them), plus its whole room.
+        return self.counter.message(omitted_marker(self._dropped(a, b), "x")) + room
 
     def _protected(self, levels: list[int]) -> FitResult:
         """Last resort: shrink protected messages under a halving cap, down to the floor.
