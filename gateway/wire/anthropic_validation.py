@@ -14,6 +14,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.wire.chat import (
     check_content,
+    check_count,
     check_depth,
     check_model,
     check_object_array,
@@ -30,11 +31,7 @@ def validate_messages_body(payload: object, raw: bytes) -> None:
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
     check_model(payload.get("model"))
-    max_tokens = payload.get("max_tokens")
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0
-    ):
-        raise invalid_type("max_tokens", max_tokens, "a non-negative integer")
+    check_count(payload, "max_tokens")
     check_optional(payload, "stream", bool, "a boolean")
     check_optional(payload, "thinking", dict, "an object")
     system = payload.get("system")

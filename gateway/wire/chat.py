@@ -75,9 +75,7 @@ def validate_chat_body(payload: object, raw: bytes) -> None:
     check_optional(payload, "stream_options", dict, "an object")
     check_optional(payload, "response_format", dict, "an object")
     for name in _INTEGER_FIELDS:
-        value = payload.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise invalid_type(name, value, "a non-negative integer")
+        check_count(payload, name)
     for name in ("tools", "functions"):
         check_object_array(payload, name)
     check_depth(payload, raw)
@@ -113,6 +111,13 @@ def check_optional(
     value = container.get(name)
     if value is not None and not isinstance(value, kind):
         raise invalid_type(f"{where}{name}", value, expected)
+
+
+def check_count(payload: Mapping[str, Any], name: str) -> None:
+    """An optional field that must be a non-negative integer (a token or choice count)."""
+    value = payload.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise invalid_type(name, value, "a non-negative integer")
 
 
 def check_object_array(payload: Mapping[str, Any], name: str) -> None:

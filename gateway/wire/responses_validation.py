@@ -15,6 +15,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.wire.chat import (
     check_content,
+    check_count,
     check_depth,
     check_model,
     check_object_array,
@@ -44,9 +45,7 @@ def validate_responses_body(payload: object, raw: bytes) -> None:
     check_optional(payload, "instructions", str, "a string")
     check_optional(payload, "previous_response_id", str, "a string")
     check_optional(payload, "store", bool, "a boolean")
-    maximum = payload.get("max_output_tokens")
-    if maximum is not None and (not isinstance(maximum, int) or isinstance(maximum, bool) or maximum < 0):
-        raise invalid_type("max_output_tokens", maximum, "a non-negative integer")
+    check_count(payload, "max_output_tokens")
     truncation = payload.get("truncation")
     if truncation is not None and truncation not in TRUNCATIONS:
         shown = repr(truncation)[:60] if isinstance(truncation, str) else "a non-string"
