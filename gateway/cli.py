@@ -174,6 +174,7 @@ def _compress(args: argparse.Namespace) -> int:
     tokens = counter.request(body)
     fixed = tokens - counter.messages(body["messages"])
     budget = args.budget if args.window is None else BudgetSettings().usable(args.window, body)
+
     def fitted(summaries: dict[str, str]) -> FitResult:
         return fit(
             body["messages"],

@@ -160,7 +160,13 @@ def test_refused_then_listening_is_retried_until_it_answers(start_gateway: Gatew
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.4)  # the first attempt is immediate: several have been refused by now
+    # The gateway's first attempt is immediate once it holds the request; wait until it does,
+    # however slow the machine, then long enough for several backed-off attempts to be refused.
+    deadline = time.monotonic() + NO_HANG
+    while _metric(url, "gateway_requests_in_flight") < 2:  # the scrape itself is one
+        assert time.monotonic() < deadline, "the request never reached the gateway"
+        time.sleep(0.02)
+    time.sleep(0.4)
     late = FakeUpstream()
     with _serve_on(sock, create_app(late)):
         caller.join(NO_HANG)
