@@ -22,6 +22,7 @@ from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
 from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
+from gateway.server.protocol import client_gone
 
 # Bodies up to this size are buffered so the request can be retried; larger ones stream.
 RETRYABLE_BODY_LIMIT = 1024 * 1024
@@ -60,7 +61,7 @@ async def relay_unchanged(
         body = whole if has_body else None
     else:
         body = await _request_body(request, limit)
-    if isinstance(body, bytes) and await request.is_disconnected():
+    if isinstance(body, bytes) and await client_gone(request):
         raise ClientDisconnect  # nobody would read the answer: the upstream is not called
     admission = await runtime.policy.admit(team, None) if team is not None else None
     api_key = key_for(team)

@@ -42,6 +42,7 @@ from gateway.relay import (
 )
 from gateway.request_log import RequestRecord
 from gateway.runtime import Runtime
+from gateway.server.protocol import client_gone
 from gateway.upstream import UpstreamReply
 from gateway.wire.base import CHAT, WireFormat
 from gateway.wire.chat import validate_chat_body
@@ -143,7 +144,7 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
     # uvicorn stops reading a connection while a large body waits for the app, and a hang-up is
     # seen only once it reads again: asking now resumes reading, so that a client leaving while
     # its request is counted and fitted is noticed before the upstream call.
-    await request.is_disconnected()
+    await client_gone(request)
     record.model, record.stream = chat.model, chat.stream
     strip_usage = False
     if team is not None:
@@ -153,7 +154,7 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
     if dialect.discover:
         await runtime.discover(chat.model, upstream.headers)
     cap = team.settings.limits.max_context_tokens if team else None
-    planning = Planning(chat, upstream, cap, request.is_disconnected)
+    planning = Planning(chat, upstream, cap, lambda: client_gone(request))
     plan = await dialect.plan(runtime, planning)
     admission = None
     if team is not None:
@@ -273,7 +274,7 @@ async def _forward(
 async def _stop_if_client_left(request: Request, plan: Plan) -> None:
     """Counting and fitting a large body takes a while: if its client hung up meanwhile, nobody
     would read the answer, so the upstream is not called (nor billed)."""
-    if await request.is_disconnected():
+    if await client_gone(request):
         if plan.counting is not None:
             plan.counting.cancel()
         raise ClientDisconnect
