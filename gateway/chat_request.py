@@ -59,7 +59,7 @@ def parse_chat_request(
     raw: bytes,
     headers: Mapping[str, str],
     *,
-    validate: Callable[[object, bytes], None] = validate_chat_body,
+    validate: Callable[[object], None] = validate_chat_body,
     wire: WireFormat = CHAT,
 ) -> ChatRequest:
     """Parse and validate a body of `wire`'s format (chat completions unless told otherwise)."""
@@ -67,7 +67,7 @@ def parse_chat_request(
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}.") from None
-    validate(payload, raw)
+    validate(payload)
     return ChatRequest(
         raw=raw,
         payload=payload,

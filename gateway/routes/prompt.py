@@ -99,7 +99,7 @@ class Dialect:
     # Where the request goes, with which credentials, for the caller's team (None: no teams).
     upstream: Callable[[Runtime, Request, Team | None], Upstreaming]
     wire: WireFormat = CHAT
-    validate: Callable[[object, bytes], None] = validate_chat_body
+    validate: Callable[[object], None] = validate_chat_body
     plan: Planner = plan_default
     retry: RetryPlanner = compressed_retry
     # An error inside a stream, in the API's own event shape.

@@ -26,7 +26,7 @@ from gateway.wire.chat import (
 ROLES = ("user", "assistant")
 
 
-def validate_messages_body(payload: object, raw: bytes) -> None:
+def validate_messages_body(payload: object) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a Messages body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
@@ -51,7 +51,7 @@ def validate_messages_body(payload: object, raw: bytes) -> None:
     for index, message in enumerate(messages):
         _message(message, f"messages[{index}]")
     check_object_array(payload, "tools")
-    check_depth(payload, raw)
+    check_depth(payload)
 
 
 def _message(message: Any, where: str) -> None:

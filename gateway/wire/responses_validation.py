@@ -36,7 +36,7 @@ _ITEM_STRINGS = {
 }
 
 
-def validate_responses_body(payload: object, raw: bytes) -> None:
+def validate_responses_body(payload: object) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a Responses body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
@@ -67,7 +67,7 @@ def validate_responses_body(payload: object, raw: bytes) -> None:
         for index, item in enumerate(items):
             _item(item, f"input[{index}]")
     check_object_array(payload, "tools")
-    check_depth(payload, raw)
+    check_depth(payload)
 
 
 def _item(item: Any, where: str) -> None:
