@@ -24,6 +24,7 @@ from gateway.wire.fitting import fit_request
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
     from gateway.summarize import Summarizer
+    from gateway.summarize.summarizer import Charge
 
 # Fitting a payload this large can take tens of milliseconds: do it off the event loop.
 FIT_IN_THREAD_BYTES = 256 * 1024
@@ -65,6 +66,7 @@ async def plan_request(
     budget: int | None = None,
     cap: int | None = None,
     client_gone: Callable[[], Awaitable[bool]] | None = None,
+    charge: Charge | None = None,
 ) -> Plan:
     """The body to forward: the original bytes when the prompt fits, a fitted one otherwise.
 
@@ -72,6 +74,7 @@ async def plan_request(
     bounded by ``cap`` (a team's max_context_tokens) when that is lower.
     ``client_gone`` is asked between counting and fitting, the two costly steps of a large
     body: once its client has hung up, the fit is not started (ClientDisconnect).
+    ``charge`` pays for summarizer calls this request makes (its team's usage).
     When no decision needs the exact count — no known budget, or the free byte bound (a BPE
     token covers at least one byte) is already under it — the original bytes go out at once
     and the count runs alongside the upstream request.
@@ -105,7 +108,7 @@ async def plan_request(
     else:
         plan = _fitted_plan(runtime, chat, counter, tokens, budget)
     if runtime.summarizer is not None and plan.result is not None and plan.result.spans:
-        plan = await _with_summaries(runtime, runtime.summarizer, plan, plan.result, chat)
+        plan = await _with_summaries(runtime, runtime.summarizer, plan, plan.result, chat, charge)
     for stage in plan.stages:
         metrics.COMPRESSIONS.labels(stage).inc()
     metrics.PROMPT_TOKENS_SAVED.inc(max(0, tokens - plan.tokens_after))
@@ -114,7 +117,12 @@ async def plan_request(
 
 
 async def _with_summaries(
-    runtime: Runtime, summarizer: Summarizer, plan: Plan, result: FitResult, chat: ChatRequest
+    runtime: Runtime,
+    summarizer: Summarizer,
+    plan: Plan,
+    result: FitResult,
+    chat: ChatRequest,
+    charge: Charge | None,
 ) -> Plan:
     """The summarizer's hook: summaries for the spans the plan drops, and the work for the next request.
 
@@ -128,10 +136,10 @@ async def _with_summaries(
     summaries = await summarizer.cached(result.spans)
     missing = [span for span in result.spans if span.key not in summaries]
     if missing and not summarizer.background:
-        summaries.update(await summarizer.wait_for(missing, chat.model))
+        summaries.update(await summarizer.wait_for(missing, chat.model, charge))
     elif missing:
         for span in missing:
-            runtime.in_background(_make(summarizer, span, chat.model))
+            runtime.in_background(_make(summarizer, span, chat.model, charge))
     summarized = with_summaries(result, summaries, model=chat.model)
     if summarized is result:  # (none found, or "": a span whose summary failed keeps the digest)
         return plan
@@ -140,8 +148,8 @@ async def _with_summaries(
     return Plan(body, plan.budget, plan.tokens_before, tokens_after, summarized.stages, summarized)
 
 
-async def _make(summarizer: Summarizer, span: DroppedSpan, model: str) -> None:
-    await summarizer.make(span, model)
+async def _make(summarizer: Summarizer, span: DroppedSpan, model: str, charge: Charge | None) -> None:
+    await summarizer.make(span, model, charge=charge)
 
 
 def _fits_by_bytes(counter: TokenCounter, raw: bytes, budget: int) -> bool:

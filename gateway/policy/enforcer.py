@@ -204,6 +204,15 @@ class Policy:
             # The reservation stays charged (over-counts, never under): the safe side.
             self._breaker.failed(exc, "settlement lost")
 
+    async def charge(self, team: Team, model: str, prompt: int, completion: int) -> None:
+        """Record tokens the gateway spent for the team on its own (a summary of its conversation):
+        they count against its token limits from now on, as usage of ``model``. Never refused, it
+        is spent already; never raises."""
+        backend = self._redis if self._redis is not None and self._breaker.allows() else self._memory
+        day = int(time.time() // DAY_SECONDS)
+        admission = Admission(team, 0, day, backend, team.settings.limits)
+        await self.settle(admission, model, Usage(requests=1, prompt=prompt, completion=completion))
+
     async def start(self) -> None:
         if self._redis is None:
             return

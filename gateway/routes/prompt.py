@@ -43,6 +43,7 @@ from gateway.relay import (
 from gateway.request_log import RequestRecord
 from gateway.runtime import Runtime
 from gateway.server.protocol import client_gone
+from gateway.summarize.summarizer import Charge
 from gateway.upstream import UpstreamReply
 from gateway.wire.base import CHAT, WireFormat
 from gateway.wire.chat import validate_chat_body
@@ -62,12 +63,14 @@ ClientGone = Callable[[], Awaitable[bool]]
 
 @dataclass(frozen=True)
 class Planning:
-    """What a plan is made for: the request, where it goes, a team's cap, a way to see the client left."""
+    """What a plan is made for: the request, where it goes, a team's cap, a way to see the client
+    left, and who pays for the summaries it asks for (its team, if any)."""
 
     chat: ChatRequest
     upstream: Upstreaming
     cap: int | None
     client_gone: ClientGone
+    charge: Charge | None = None
 
 
 Planner = Callable[[Runtime, Planning], Awaitable[Plan]]
@@ -76,7 +79,9 @@ RetryPlanner = Callable[[Runtime, Planning, Plan, Overflow, int | None], Awaitab
 
 
 async def plan_default(runtime: Runtime, planning: Planning) -> Plan:
-    return await plan_request(runtime, planning.chat, cap=planning.cap, client_gone=planning.client_gone)
+    return await plan_request(
+        runtime, planning.chat, cap=planning.cap, client_gone=planning.client_gone, charge=planning.charge
+    )
 
 
 async def compressed_retry(
@@ -89,7 +94,9 @@ async def compressed_retry(
     budget = overflow_retry_budget(runtime, chat, sent, overflow, believed)
     if budget is None:
         return None
-    return await plan_request(runtime, chat, budget=budget, client_gone=planning.client_gone)
+    return await plan_request(
+        runtime, chat, budget=budget, client_gone=planning.client_gone, charge=planning.charge
+    )
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,7 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
     if dialect.discover:
         await runtime.discover(chat.model, upstream.headers)
     cap = team.settings.limits.max_context_tokens if team else None
-    planning = Planning(chat, upstream, cap, lambda: client_gone(request))
+    planning = Planning(chat, upstream, cap, lambda: client_gone(request), _summary_charge(runtime, team))
     plan = await dialect.plan(runtime, planning)
     admission = None
     if team is not None:
@@ -169,6 +176,18 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
         if admission is not None:  # nothing was relayed: give the reservation back
             runtime.in_background(runtime.policy.settle(admission, chat.model, Usage(requests=1)))
         raise
+
+
+def _summary_charge(runtime: Runtime, team: Team | None) -> Charge | None:
+    """A team's summaries are its usage, recorded under the summarizer's model, marked as such."""
+    if team is None or runtime.summarizer is None:
+        return None
+    model = f"summaries:{runtime.summarizer.settings.model}"
+
+    async def charge(prompt: int, completion: int) -> None:
+        await runtime.policy.charge(team, model, prompt, completion)
+
+    return charge
 
 
 async def _forward(

@@ -13,6 +13,10 @@ Incremental: a span on the drop grid is its predecessor (the span of the
 previous cut) plus the turns the cut moved past. When the predecessor's
 summary is cached, only those turns are read, after that summary.
 
+Paid for: a call's usage, as the summarizer reports it, is charged to whoever asked
+(`charge`: the team of the request that made the call), even when the answer is then
+discarded; a summary found in the store costs nobody anything.
+
 Bounded: the input is fitted to `max_input_tokens` (prompt.py), the output is
 capped at `max_output_tokens`, there is one attempt per span within `timeout`,
 and a summary not shorter than the span it replaces is discarded.
@@ -24,7 +28,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -47,6 +51,10 @@ MAX_IN_FLIGHT = 8
 # A span whose summary failed is not tried again for this long (one attempt per span): its
 # requests use the digest. Stored as an empty summary, so every replica knows.
 FAILED_TTL_SECONDS = 600
+
+
+# (prompt tokens, completion tokens) of one summarizer call -> recorded for whoever asked.
+Charge = Callable[[int, int], Awaitable[None]]
 
 
 class SummaryFailed(Exception):
@@ -100,17 +108,26 @@ class Summarizer:
         metrics.SUMMARIES.labels("cache_hit").inc(sum(1 for text in found.values() if text))
         return found
 
-    async def wait_for(self, spans: Iterable[DroppedSpan], model: str) -> dict[str, str]:
+    async def wait_for(
+        self, spans: Iterable[DroppedSpan], model: str, charge: Charge | None = None
+    ) -> dict[str, str]:
         """Inline mode: make (or wait for) each span's summary within the timeout; what came in time."""
         deadline = time.monotonic() + self.settings.timeout
         found: dict[str, str] = {}
         for span in spans:
-            text = await self.make(span, model, wait_until=deadline)
+            text = await self.make(span, model, wait_until=deadline, charge=charge)
             if text is not None:
                 found[span.key] = text
         return found
 
-    async def make(self, span: DroppedSpan, model: str, *, wait_until: float | None = None) -> str | None:
+    async def make(
+        self,
+        span: DroppedSpan,
+        model: str,
+        *,
+        wait_until: float | None = None,
+        charge: Charge | None = None,
+    ) -> str | None:
         """The span's summary: from the store, or made here under the lock; None on any failure.
 
         `model` is the conversation's: the span's room is in its tokens.
@@ -132,7 +149,7 @@ class Summarizer:
                 return await self._await_other(key, wait_until)
             try:  # the result is stored before the lock goes, so no one makes it twice
                 try:
-                    text = await self._summarize(span, counter_for(model))
+                    text = await self._summarize(span, counter_for(model), charge)
                 except SummaryFailed:
                     await self.store.set(key, "", FAILED_TTL_SECONDS)
                     raise
@@ -161,7 +178,7 @@ class Summarizer:
                 return text or None
         return None
 
-    async def _summarize(self, span: DroppedSpan, counter: TokenCounter) -> str:
+    async def _summarize(self, span: DroppedSpan, counter: TokenCounter, charge: Charge | None) -> str:
         """One attempt within the timeout; raises SummaryFailed with the reason."""
         messages: tuple[Any, ...] = span.messages
         earlier = None
@@ -190,17 +207,25 @@ class Summarizer:
             raise SummaryFailed("unreachable") from None
         finally:
             metrics.SUMMARIZER_LATENCY.observe(time.perf_counter() - started)
+        await self._account(answer, charge)
         text = _summary_text(answer)
-        usage = answer.get("usage")
-        if isinstance(usage, Mapping):
-            for kind in ("prompt_tokens", "completion_tokens"):
-                if isinstance(usage.get(kind), int):
-                    metrics.SUMMARIZER_TOKENS.labels(kind.split("_")[0]).inc(usage[kind])
         tokens = counter.text(text)
         if tokens > span.room or tokens >= counter.messages(span.messages):
             raise SummaryFailed("too_long")
         metrics.SUMMARIES.labels("made").inc()
         return text
+
+    async def _account(self, answer: Mapping[str, Any], charge: Charge | None) -> None:
+        """The call's tokens, from the answer's usage: to the metrics, and to whoever asked."""
+        usage = answer.get("usage")
+        if not isinstance(usage, Mapping):
+            return
+        spent = [usage.get(kind) for kind in ("prompt_tokens", "completion_tokens")]
+        prompt, completion = (value if type(value) is int and value >= 0 else 0 for value in spent)
+        metrics.SUMMARIZER_TOKENS.labels("prompt").inc(prompt)
+        metrics.SUMMARIZER_TOKENS.labels("completion").inc(completion)
+        if charge is not None and prompt + completion:
+            await charge(prompt, completion)
 
     async def _post(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         if self._session is None:

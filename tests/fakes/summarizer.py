@@ -41,6 +41,7 @@ class FakeSummarizer:
     calls: int = 0
     answered: int = 0  # calls that got their answer (a slow call counts only once it is over)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    usage: list[dict[str, int]] = field(default_factory=list)  # what each answer reported
     base_url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +60,13 @@ def ideal_summary(messages: list[Any], max_tokens: int) -> str:
             break
         kept.append(fact)
     return "Notes: " + " ".join(reversed(kept))
+
+
+def usage(messages: list[Any], answer: str) -> dict[str, int]:
+    """What it read and wrote, counted as its own tokenizer would (close to the real APIs' usage)."""
+    read = sum(count_text(orjson.dumps(message.get("content")).decode()) + 4 for message in messages) + 3
+    wrote = count_text(answer)
+    return {"prompt_tokens": read, "completion_tokens": wrote, "total_tokens": read + wrote}
 
 
 def create_app(fake: FakeSummarizer) -> Starlette:
@@ -89,13 +97,16 @@ def create_app(fake: FakeSummarizer) -> Starlette:
             message = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
         if fake.mode == "long":
             message["content"] = "word " * 50_000
+        spent = usage(body["messages"], message["content"] or "")
+        with fake.lock:
+            fake.usage.append(spent)
         return JSONResponse(
             {
                 "id": f"chatcmpl-{fake.calls}",
                 "object": "chat.completion",
                 "model": body["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+                "usage": spent,
             }
         )
 

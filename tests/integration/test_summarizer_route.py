@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,6 +17,8 @@ import openai
 import pytest
 import redis
 
+from gateway.policy.keys import hash_key
+from gateway.policy.limits import RedisLimits, Usage
 from tests.conftest import GatewayFactory
 from tests.fakes.serve import free_port
 from tests.fakes.summarizer import FakeSummarizer, serve_summarizer
@@ -49,8 +53,10 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     return [*messages, {"role": "user", "content": "What was the first ticket about?"}]
 
 
-def ask(url: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], Any]:
-    client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
+def ask(
+    url: str, messages: list[dict[str, Any]], key: str = "sk-test"
+) -> tuple[str, list[dict[str, Any]], Any]:
+    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL,
         messages=messages,  # type: ignore[arg-type]
@@ -228,3 +234,64 @@ def _healthy(url: str) -> bool:
             return bool(reply.status == 200)
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("mode", ["inline", "background"])
+def test_a_summary_is_the_usage_of_the_team_whose_request_made_it(
+    fake_upstream: FakeUpstream,
+    start_gateway: GatewayFactory,
+    summarizer: FakeSummarizer,
+    redis_url: str,
+    mode: str,
+) -> None:
+    redis.Redis.from_url(redis_url).flushdb()  # no summary stored by an earlier test
+    fake_upstream.window = WINDOW
+    payer, other = "t" + uuid.uuid4().hex[:10], "t" + uuid.uuid4().hex[:10]
+    teams = {payer: {"keys": [hash_key(PAYER_KEY)]}, other: {"keys": [hash_key(OTHER_KEY)]}}
+    url = start(
+        start_gateway,
+        summarizer,
+        GATEWAY_TEAMS=json.dumps(teams),
+        GATEWAY_REDIS_URL=redis_url,
+        GATEWAY_POLICY_STORE_TIMEOUT="2",
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE=mode,
+    )
+    messages = conversation(30)
+    ask(url, messages, key=PAYER_KEY)
+    wait_until(lambda: SUMMARIES in recorded_usage(redis_url, payer))
+    usage = recorded_usage(redis_url, payer)[SUMMARIES]
+    # What the summarizer reported for its one call, to the team whose request made it.
+    reported = summarizer.usage[0]
+    assert summarizer.calls == 1
+    assert (usage.requests, usage.prompt, usage.completion) == (
+        1,
+        reported["prompt_tokens"],
+        reported["completion_tokens"],
+    )
+    assert usage.prompt > 1_000  # it read the dropped turns
+    assert MODEL in recorded_usage(redis_url, payer)  # beside the team's own request
+    # The other team's identical conversation finds the summary made: no call, nothing charged.
+    wait_until(lambda: summarizer.answered == 1)
+    time.sleep(0.3)  # the store write follows the answer
+    header, _, _ = ask(url, messages, key=OTHER_KEY)
+    assert "summary" in header.split(",")
+    assert summarizer.calls == 1
+    wait_until(lambda: MODEL in recorded_usage(redis_url, other))
+    assert SUMMARIES not in recorded_usage(redis_url, other)
+
+
+PAYER_KEY = "cgw-payer-team-key-0001"
+OTHER_KEY = "cgw-other-team-key-0002"
+SUMMARIES = "summaries:summarizer-mini"
+
+
+def recorded_usage(redis_url: str, team: str) -> dict[str, Usage]:
+    async def read() -> dict[str, Usage]:
+        limits = RedisLimits(redis_url, timeout=2.0)
+        try:
+            seconds, _ = await limits.client.time()
+            return await limits.usage(team, int(seconds) // 86400)
+        finally:
+            await limits.close()
+
+    return asyncio.run(read())
