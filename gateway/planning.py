@@ -24,6 +24,7 @@ from gateway.wire.fitting import fit_request
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
     from gateway.summarize import Summarizer
+    from gateway.summarize.ahead import SummariesAhead
     from gateway.summarize.summarizer import Charge
 
 # Fitting a payload this large can take tens of milliseconds: do it off the event loop.
@@ -92,15 +93,19 @@ async def plan_request(
         if cap is not None and (budget is None or cap < budget):
             budget, capped = cap, True
     if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
-        return Plan(
+        plan = Plan(
             chat.raw,
             budget,
             capped=capped,
             counting=asyncio.create_task(count_request_async(counter, counted)),
         )
+        _look_ahead(runtime, chat, plan, charge)
+        return plan
     tokens = await count_request_async(counter, counted)
     if (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
-        return Plan(chat.raw, budget, tokens, tokens, capped=capped)
+        plan = Plan(chat.raw, budget, tokens, tokens, capped=capped)
+        _look_ahead(runtime, chat, plan, charge)
+        return plan
     if client_gone is not None and await client_gone():
         raise ClientDisconnect
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
@@ -146,6 +151,26 @@ async def _with_summaries(
     body = orjson.dumps(chat.wire.emit(chat.payload, chat.view, summarized.messages))
     tokens_after = plan.tokens_after + summarized.tokens_after - result.tokens_after
     return Plan(body, plan.budget, plan.tokens_before, tokens_after, summarized.stages, summarized)
+
+
+def _look_ahead(runtime: Runtime, chat: ChatRequest, plan: Plan, charge: Charge | None) -> None:
+    """A prompt that fits but nears its budget: summarize what its first drop will remove, in the
+    background (`start_ratio`; gateway/summarize/ahead.py)."""
+    ahead = runtime.summaries_ahead
+    if ahead is None or plan.budget is None or chat.mode == "off" or not chat.view.fittable:
+        return
+    runtime.in_background(_prepare_ahead(ahead, chat, plan, plan.budget, charge))
+
+
+async def _prepare_ahead(
+    ahead: SummariesAhead, chat: ChatRequest, plan: Plan, budget: int, charge: Charge | None
+) -> None:
+    tokens = plan.tokens_after if plan.counting is None else await plan.counting
+    if not ahead.due(tokens, budget):
+        return
+    messages = chat.view.messages
+    fixed = tokens - counter_for(chat.model).messages(messages)  # tools and schemas are never cut
+    await ahead.prepare(messages, model=chat.model, budget=budget - fixed, charge=charge)
 
 
 async def _make(summarizer: Summarizer, span: DroppedSpan, model: str, charge: Charge | None) -> None:

@@ -17,6 +17,7 @@ from gateway.policy.enforcer import Policy, Team
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.summarize import Summarizer
+from gateway.summarize.ahead import SummariesAhead
 from gateway.tokens import discovery
 from gateway.tokens.calibration import MAX_MODELS, Calibration
 from gateway.tokens.counter import CALIBRATION, counter_for
@@ -49,6 +50,7 @@ class Runtime:
     calibration: Calibration
     policy: Policy
     summarizer: Summarizer | None = None  # compression.summarizer, when a model is configured
+    summaries_ahead: SummariesAhead | None = None  # its start before the first drop (start_ratio)
     # Fire-and-forget store writes, held so they are not garbage-collected mid-flight.
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Models whose calibration this process read from the store, most recent last (bounded:
@@ -78,7 +80,11 @@ class Runtime:
             max_models=cfg.max_models, ttl_seconds=cfg.learned_ttl_seconds, floor=cfg.min_plausible_window
         )
         store = open_store(settings.redis_url)
-        summarizer = settings.compression.summarizer
+        summarizer = (
+            Summarizer(settings.compression.summarizer, settings.upstream, store)
+            if settings.compression.summarizer.model
+            else None
+        )
         return cls(
             settings=settings,
             upstream=Upstream(settings.upstream),
@@ -88,7 +94,8 @@ class Runtime:
             ),
             calibration=CALIBRATION,
             policy=Policy(settings.teams, settings.policy, settings.redis_url),
-            summarizer=Summarizer(summarizer, settings.upstream, store) if summarizer.model else None,
+            summarizer=summarizer,
+            summaries_ahead=None if summarizer is None else SummariesAhead(summarizer, settings.compression),
         )
 
     async def start(self) -> None:

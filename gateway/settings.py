@@ -167,6 +167,9 @@ class SummarizerSettings:
     base_url: str | None = None  # default: upstream.base_url
     api_key: str | None = None  # default: upstream.api_key
     mode: str = "background"
+    # Summarize the span the first drop will remove once the prompt reaches this share of its
+    # budget, so that drop already finds the summary; 1: only once turns are dropped.
+    start_ratio: float = 0.8
     max_input_tokens: int = 16_000
     max_output_tokens: int = 1_024
     timeout: float = 30.0
@@ -328,6 +331,8 @@ def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
         problems.append(
             f"{where}.mode must be one of {', '.join(SUMMARIZER_MODES)}, got {summarizer.mode[:40]!r}"
         )
+    if not 0 < summarizer.start_ratio <= 1:
+        problems.append(f"{where}.start_ratio must be above 0 and at most 1")
     if not 1_024 <= summarizer.max_input_tokens <= 2_000_000:
         problems.append(f"{where}.max_input_tokens must be between 1024 and 2000000")
     if not 32 <= summarizer.max_output_tokens <= 100_000:

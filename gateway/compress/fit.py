@@ -298,6 +298,36 @@ def fit(
     return min(results, key=lambda result: result.tokens_after)
 
 
+def upcoming_spans(
+    messages: Sequence[Message],
+    *,
+    model: str,
+    budget_tokens: int,
+    share: float,
+    options: CompressionOptions = CompressionOptions(),  # noqa: B008 - frozen, safe to share
+) -> tuple[DroppedSpan, ...]:
+    """The spans a conversation that still fits will drop first, once it outgrows `budget_tokens`.
+
+    What a fit to `share` of the budget drops on the budget's own rungs and grid: the
+    conversation climbs the same rungs as it grows (each is needed where the history
+    first overflowed the one before, a fixed prefix), and the grid's cuts depend only on
+    the turns before them, so the first spans the real drop removes are these, or the
+    shorter span of the first cut among them (`previous`). Empty when that fit drops
+    nothing or cannot fit at all. For a summarizer to start ahead of the drop.
+    """
+    counter = counter_for(model)
+    sizes = [counter.message(message) for message in messages]
+    fixed = counter.messages([])
+    goal = int(budget_tokens * share)
+    if fixed + sum(sizes) <= goal:
+        return ()
+    try:
+        result = _Fitter(messages, sizes, fixed, counter, options, goal, budget_tokens, None).run()
+    except ContextBudgetExceeded:
+        return ()
+    return result.spans
+
+
 class _Span(Sequence[Message]):
     """The messages of old units [a, b), read from the request only when iterated.
 

@@ -19,6 +19,7 @@ import redis
 
 from gateway.policy.keys import hash_key
 from gateway.policy.limits import RedisLimits, Usage
+from gateway.settings import BudgetSettings
 from tests.conftest import GatewayFactory
 from tests.fakes.serve import free_port
 from tests.fakes.summarizer import FakeSummarizer, serve_summarizer
@@ -295,3 +296,32 @@ def recorded_usage(redis_url: str, team: str) -> dict[str, Usage]:
             await limits.close()
 
     return asyncio.run(read())
+
+
+@pytest.mark.parametrize("start_ratio", ["0.8", "1"])
+def test_the_span_of_the_first_drop_is_summarized_ahead_of_it(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer, start_ratio: str
+) -> None:
+    fake_upstream.window = WINDOW
+    url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_START_RATIO=start_ratio)
+    budget = BudgetSettings().usable(WINDOW, {"max_tokens": 200})
+    calls_before_drop = 0
+    for turns in range(1, 40):
+        header, _, raw = ask(url, conversation(turns))
+        if "drop_turns" in header.split(","):
+            break
+        prompt = int(raw.headers["x-gateway-prompt-tokens-before"])
+        wait_until(lambda: summarizer.answered == summarizer.calls)
+        time.sleep(0.3)  # the store write follows the answer
+        if summarizer.calls > calls_before_drop:  # started once the prompt neared its budget, not before
+            assert prompt >= float(start_ratio) * budget
+        calls_before_drop = summarizer.calls
+    else:
+        pytest.fail("the conversation never outgrew its window")
+    if start_ratio == "1":
+        assert calls_before_drop == 0
+        assert "digest" in header.split(",")  # the first drop sends the digest, as without a summarizer
+    else:
+        assert calls_before_drop == 1  # one call, made ahead, for the span the drop removed
+        assert "summary" in header.split(",") and "digest" not in header.split(",")
+        assert sent_marker(fake_upstream).split("]\n", 1)[1].startswith("Notes: ")
