@@ -15,7 +15,8 @@ A bounded token share is filled by rank, newest first within a rank:
   0 user sentences with an instruction cue (must/never/always/don't, prefer,
     deadlines... in several languages: a bonus layer on the core below)
   1 user sentences carrying a fact; decisions and errors the assistant states
-  2 errors and decisions in tool output; tool calls
+  2 the last error lines of each tool output (found wherever they are, as its
+    placeholder finds them), decisions in it; tool calls
   3 other facts the assistant states
   4 facts in tool output; the user's other short sentences (what a user writes
     briefly, in any language, is mostly a request, a rule or a decision)
@@ -39,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from gateway.compress.transforms import error_lines
 from gateway.compress.units import is_user_input
 
 Message = Mapping[str, Any]
@@ -47,6 +49,7 @@ SECTIONS = ("The user said:", "Facts and decisions:", "Tool calls:")
 ITEM_CHARS = 320  # a longer sentence is cut in the middle: one pasted paragraph must not fill the digest
 SHORT_USER_CHARS = 240  # a user sentence up to this long is a candidate without any cue word
 TOOL_LINES = 3  # fact lines kept per tool output at most (logs repeat themselves)
+TOOL_ERROR_RANK = 2  # and its last error lines (transforms.error_lines), wherever they are
 ARG_CHARS = 60  # tool-call arguments longer than this are elided
 
 # Sentence ends: Latin punctuation before a space, CJK punctuation anywhere, line breaks.
@@ -169,6 +172,13 @@ def digest_lines(messages: Sequence[Message]) -> list[tuple[int, int, str]]:
                 elif _FACT.search(line):
                     items.append(_Item(1, 4 if tool_output else 3, order, line))
                     kept += 1
+            if tool_output:
+                # A failure is usually reported last, after the lines the cap above stopped at.
+                taken = {item.text for item in items[-kept:]} if kept else set()
+                for line in error_lines(text):
+                    if line not in taken:
+                        order += 1
+                        items.append(_Item(1, TOOL_ERROR_RANK, order, line))
         for call in _tool_calls(message):
             order += 1
             calls.setdefault(call, order)

@@ -4,8 +4,9 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
   1 reasoning     drop reasoning fields and thinking blocks
   2 tool_results  trim tool outputs to each cap of a ladder in turn (head, tail,
                   informative lines; JSON by structure)
-  3 tool_results  replace tool outputs by a one-line placeholder (images and
-                  files inside tool results go with them)
+  3 tool_results  replace tool outputs by a one-line placeholder that keeps
+                  their last error lines (images and files inside tool results
+                  go with them)
   4 truncate      middle-truncate long messages (head, tail, sentences with facts),
                   then, as the last rung, replace old images, audio and files by a
                   one-line placeholder: an omitted image is lost whole, so it goes

@@ -109,6 +109,20 @@ def test_placeholder_names_the_tool_in_both_formats() -> None:
     assert map_tool_results(messages[0], names, replace) is messages[0]
 
 
+def test_a_placeholder_keeps_the_last_error_lines_of_the_output() -> None:
+    output = "ok 1\n" * 3_000 + "ERROR test_login.py::test_expired - AssertionError: 401 != 200\n"
+    output += "ok 2\n" * 500 + "连接失败：数据库 DB-7 拒绝连接\n" + "summary: 1 failed, 3500 passed\n"
+    line = placeholder(output, "pytest", 4.0)
+    assert line.startswith("[context-gateway: output of tool `pytest` omitted (3,504 lines")
+    # The last two distinct error lines, oldest first; the earlier one is not there.
+    assert line.endswith("; it said: 连接失败：数据库 DB-7 拒绝连接 | summary: 1 failed, 3500 passed]")
+    assert "\n" not in line
+    one_line = "x" * 100_000 + " fatal: unable to access https://git.example/repo.git " + "y" * 100_000
+    clipped = placeholder(one_line, "git", 4.0)
+    assert "fatal: unable to access" in clipped and len(clipped) < 300
+    assert placeholder("all good\n" * 400, "ls", 4.0).endswith("tokens)]")
+
+
 def test_truncate_message_keeps_content_type_and_skips_tool_messages() -> None:
     long = "First sentence. " + "Filler words here. " * 2_000 + "Last sentence."
     as_list = truncate_message({"role": "user", "content": [{"type": "text", "text": long}]}, 800, 4.0)

@@ -98,6 +98,22 @@ def test_cjk_without_spaces_is_split_into_sentences_and_corrected() -> None:
     assert COUNT(text) <= 200
 
 
+def test_the_last_errors_of_a_long_tool_output_are_kept_after_its_first_facts() -> None:
+    # A build log: many lines with numbers (facts) first, the failure at its very end, as tools
+    # report it; in German, to show the cue list is not the only evidence needed.
+    log = "\n".join(f"[{i:04d}] compiled module_{i}.o in {i % 7} ms" for i in range(400))
+    log += "\nFehler: Verbindung zu db-17.internal:5432 verweigert (connection refused)\nexit status 2\n"
+    span = [
+        {"role": "user", "content": "Build the service."},
+        call("run", cmd="make"),
+        {"role": "tool", "tool_call_id": "c_run", "content": log},
+    ]
+    text = digest(span, 300, COUNT)
+    assert "db-17.internal:5432" in text
+    assert "[0000] compiled module_0.o" in text  # the first facts still come too (at most three)
+    assert "[0010] compiled" not in text
+
+
 def test_repeated_tool_calls_are_listed_once_with_their_count() -> None:
     span = [
         call("run_tests", target="tests/unit"),
