@@ -52,6 +52,15 @@ class CompressionOptions:
         and dropped like older turns, oldest first. The boundary moves on the
         `cut_quantum` grid (by whole quanta of the turn's steps), so
         consecutive requests of a loop keep sharing their prefix.
+    fill_quantum: the rung that fits (one cap, or a placeholder, for every old
+        tool output) can leave much of the budget unused; the room left goes to
+        the newest old turns and steps, which stay at the rung before it. Where
+        that starts moves on a grid of this share of the budget (in the sizes
+        at the fitting rung), only forward as the conversation grows, so the
+        prompt keeps its prefix between moves. A finer grid uses more of the
+        budget and moves more often (each move re-sends the turns it passes in
+        their smaller form); 0 (the default) turns it off: the whole history at
+        one rung, the most cache-stable (measured trade-off: README).
     digest_ratio: each marker standing for dropped turns (or dropped steps of
         an agent loop) carries an account of them within this share of the
         budget, at most half the dropped tokens: an LLM summary of that exact
@@ -81,6 +90,7 @@ class CompressionOptions:
     keep_head_ratio: float = 0.3
     cut_quantum: float = 0.25
     recent_steps_ratio: float = 0.5
+    fill_quantum: float = 0.0
     digest_ratio: float = 0.1
     aggressive_ratio: float = 0.7
     protected_floor_tokens: int = 256
@@ -90,7 +100,7 @@ class CompressionOptions:
         for name in ("cut_quantum", "aggressive_ratio", "recent_steps_ratio"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
-        for name in ("keep_head_ratio", "rung_headroom", "digest_ratio"):
+        for name in ("keep_head_ratio", "rung_headroom", "digest_ratio", "fill_quantum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1)")
         for name in ("tool_result_caps", "truncate_caps"):

@@ -228,11 +228,13 @@ def placeholder(text: str, name: str, chars_per_token: float) -> str:
     lines = text.count("\n") + 1
     tokens = round(len(text) / chars_per_token)
     line = f"[context-gateway: output of tool `{name}` omitted ({lines:,} lines, ~{tokens:,} tokens)"
+    if len(line) + 1 >= len(text):
+        return text
     errors = error_lines(text)
-    if errors:
-        line += "; it said: " + " | ".join(errors)
-    line += "]"
-    return line if len(line) < len(text) else text
+    told = f"{line}; it said: {' | '.join(errors)}]"
+    # The errors only where they leave the placeholder far smaller than the output: whether an
+    # output is replaced at all does not depend on what it says.
+    return told if errors and len(told) <= len(text) // 2 else line + "]"
 
 
 def error_lines(text: str) -> list[str]:

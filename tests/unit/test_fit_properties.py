@@ -211,10 +211,13 @@ def reference_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 
 
 def fit_or_refuse(
-    messages: list[dict[str, Any]], budget: int, tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]],
+    budget: int,
+    tools: list[dict[str, Any]] | None = None,
+    options: CompressionOptions = CompressionOptions(),  # noqa: B008 - frozen
 ) -> FitResult | None:
     try:
-        return fit(messages, model=MODEL, budget_tokens=budget, tools=tools)
+        return fit(messages, model=MODEL, budget_tokens=budget, tools=tools, options=options)
     except ContextBudgetExceeded as refused:
         assert refused.budget == budget
         assert refused.minimum > budget
@@ -227,14 +230,23 @@ def latest_user_id(messages: list[dict[str, Any]]) -> int | None:
 
 
 @SETTINGS
-@given(st.one_of(conversations(), agent_loops()), st.floats(0.02, 1.2), tool_definitions())
+@given(
+    st.one_of(conversations(), agent_loops()),
+    st.floats(0.02, 1.2),
+    tool_definitions(),
+    # The default, and the fill on a fine grid (off by default; its units change form most often).
+    st.sampled_from([CompressionOptions(), CompressionOptions(fill_quantum=0.0625)]),
+)
 def test_fit_invariants(
-    messages: list[dict[str, Any]], share: float, tools: list[dict[str, Any]] | None
+    messages: list[dict[str, Any]],
+    share: float,
+    tools: list[dict[str, Any]] | None,
+    options: CompressionOptions,
 ) -> None:
     original = copy.deepcopy(messages)
     size = COUNTER.messages(messages) + COUNTER.tools(tools)
     budget = max(1, int(size * share))
-    result = fit_or_refuse(messages, budget, tools)
+    result = fit_or_refuse(messages, budget, tools, options)
     assert messages == original, "input mutated"
     if result is None:
         return
@@ -270,9 +282,9 @@ def test_fit_invariants(
             if unit is not None and unit.protected and not unit.step:
                 assert COUNTER.message(message) >= floor
     # Idempotent and deterministic.
-    again = fit(result.messages, model=MODEL, budget_tokens=budget, tools=tools)
+    again = fit(result.messages, model=MODEL, budget_tokens=budget, tools=tools, options=options)
     assert again.messages == result.messages and again.stages == ()
-    twice = fit(copy.deepcopy(messages), model=MODEL, budget_tokens=budget, tools=tools)
+    twice = fit(copy.deepcopy(messages), model=MODEL, budget_tokens=budget, tools=tools, options=options)
     assert orjson.dumps(twice.messages) == orjson.dumps(result.messages)
 
 
