@@ -14,6 +14,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import aiohttp
 import orjson
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import error_body
 from gateway.upstream import UpstreamReply, upstream_broken, upstream_timeout
@@ -149,3 +151,30 @@ def prompt_tokens(usage: object) -> int | None:
 async def cancel_safely(stream: AsyncGenerator[bytes, None]) -> None:
     """Close a body iterator we will not read to its end (closes the upstream connection)."""
     await asyncio.shield(stream.aclose())
+
+
+class RelayStream(StreamingResponse):
+    """A streamed answer that stops when its client leaves, as starlette's does, on plain asyncio.
+
+    Starlette runs the stream beside a disconnect listener in an anyio task group, whose
+    cancel scopes cost about a fifth of the gateway's CPU for a small streamed request
+    (py-spy). Two asyncio tasks do the same: whichever ends first ends the other, and a
+    client gone cancels the stream, whose generators then close the upstream response.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        streaming = asyncio.ensure_future(self.stream_response(send))
+        listening = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((streaming, listening), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client left (or the server stops): the stream goes; else the listener does
+            for task in (listening, streaming):
+                task.cancel()
+            outcome, _ = await asyncio.gather(streaming, listening, return_exceptions=True)
+        if isinstance(outcome, Exception):
+            raise outcome
+        if self.background is not None:
+            await self.background()

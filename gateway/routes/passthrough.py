@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from yarl import URL
 
 from gateway.chat_request import body_too_large, read_body
@@ -20,6 +20,7 @@ from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.enforcer import Team
 from gateway.proxy_headers import to_client, to_upstream, upstream_query
+from gateway.relay import RelayStream
 from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
 from gateway.server.protocol import client_gone
@@ -98,7 +99,7 @@ async def relay_unchanged(
         response = Response(content, status_code=reply.status)
     else:
         idle = runtime.settings.upstream.timeouts.idle
-        response = StreamingResponse(reply.iter_body(idle), status_code=reply.status)
+        response = RelayStream(reply.iter_body(idle), status_code=reply.status)
     response.raw_headers = headers
     return response
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from yarl import URL
 
 from gateway import metrics
@@ -32,6 +32,7 @@ from gateway.policy.streams import StreamMeter, metered, usage_counts
 from gateway.proxy_headers import to_client
 from gateway.relay import (
     ErrorEvent,
+    RelayStream,
     cancel_safely,
     first_chunk,
     prompt_tokens,
@@ -270,7 +271,7 @@ async def _forward(
                 runtime.in_background(runtime.policy.settle(settled, chat.model, usage))
 
             stream = metered(stream, meter, on_end=settle)
-        response: Response = StreamingResponse(stream, status_code=attempt.reply.status)
+        response: Response = RelayStream(stream, status_code=attempt.reply.status)
     else:
         body = await attempt.reply.read(idle)
         usage = Usage(requests=1)
