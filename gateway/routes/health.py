@@ -20,19 +20,26 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready for traffic: started (uvicorn accepts nothing before start-up is done) and the store
-    answers when one is configured. A draining process has closed its listener: refused."""
+    """Ready for traffic: started (uvicorn accepts nothing before start-up is done), and the store
+    answers when requests need it: teams whose limits fail closed (`policy.on_store_failure:
+    closed`) are refused 503 without it. Otherwise a store outage only costs what is shared
+    (learned windows, calibration, summaries, exact team limits: each replica takes its share
+    in memory), and taking every replica out of the Service for it would turn a degraded
+    gateway into no gateway: ready, with the store reported. A draining process has closed its
+    listener: refused."""
     runtime: Runtime = request.app.state.runtime
-    if runtime.settings.redis_url is None:
+    settings = runtime.settings
+    if settings.redis_url is None:
         store = "memory"
     else:
         try:
             store = "ok" if await runtime.store.ping() else "unreachable"
-        except Exception:  # any store failure means "not ready", never a 500
+        except Exception:  # any store failure is reported, never a 500
             store = "unreachable"
         if store == "unreachable":
             metrics.STORE_ERRORS.labels("ping").inc()
-    ready = store != "unreachable"
+    needed = bool(settings.teams) and settings.policy.on_store_failure == "closed"
+    ready = store != "unreachable" or not needed
     body = orjson.dumps({"status": "ready" if ready else "not ready", "store": store})
     return Response(body, status_code=200 if ready else 503, media_type="application/json")
 

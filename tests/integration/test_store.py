@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from gateway.policy.keys import hash_key
 from gateway.runtime import Runtime
 from gateway.settings import load_settings
 from gateway.store import MemoryStore, Store, open_store
@@ -98,12 +100,32 @@ def test_replicas_share_learned_window_through_redis(
     assert fake_upstream.hits["/v1/chat/completions"] == hits_before + 1
 
 
-def test_readyz_reports_unreachable_redis(start_gateway: GatewayFactory) -> None:
-    url = start_gateway(GATEWAY_REDIS_URL="redis://127.0.0.1:1/0")
+@pytest.mark.parametrize(
+    ("teams", "on_failure", "status"),
+    [(False, "closed", 200), (True, "open", 200), (True, "closed", 503)],
+)
+def test_readyz_needs_redis_only_where_requests_do(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, teams: bool, on_failure: str, status: int
+) -> None:
+    environ = {"GATEWAY_REDIS_URL": "redis://127.0.0.1:1/0", "GATEWAY_POLICY_ON_STORE_FAILURE": on_failure}
+    if teams:
+        environ["GATEWAY_TEAMS"] = json.dumps({"research": {"keys": [hash_key(TEAM_KEY)]}})
+    url = start_gateway(**environ)
     ready = httpx.get(url.removesuffix("/v1") + "/readyz")
-    assert ready.status_code == 503
-    assert ready.json() == {"status": "not ready", "store": "unreachable"}
+    assert ready.status_code == status
+    assert ready.json() == {"status": "ready" if status == 200 else "not ready", "store": "unreachable"}
     assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+    # What readiness promises: a ready gateway serves; a not-ready one would refuse with 503.
+    answer = httpx.post(
+        f"{url}/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {TEAM_KEY}"},
+        timeout=30,
+    )
+    assert answer.status_code == status
+
+
+TEAM_KEY = "cgw-ready-team-key-0001"
 
 
 def test_readyz_with_redis_up(start_gateway: GatewayFactory, redis_url: str) -> None:
