@@ -21,7 +21,7 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """Ready for traffic: started (uvicorn accepts nothing before start-up is done), and the store
-    answers when requests need it: teams whose limits fail closed (`policy.on_store_failure:
+    answers when requests need it: teams with limits that fail closed (`policy.on_store_failure:
     closed`) are refused 503 without it. Otherwise a store outage only costs what is shared
     (learned windows, calibration, summaries, exact team limits: each replica takes its share
     in memory), and taking every replica out of the Service for it would turn a degraded
@@ -38,7 +38,10 @@ async def readyz(request: Request) -> Response:
             store = "unreachable"
         if store == "unreachable":
             metrics.STORE_ERRORS.labels("ping").inc()
-    needed = bool(settings.teams) and settings.policy.on_store_failure == "closed"
+    needed = settings.policy.on_store_failure == "closed" and any(
+        limits.requests_per_minute or limits.tokens_per_minute or limits.tokens_per_day
+        for limits in (team.limits for team in settings.teams.values())
+    )
     ready = store != "unreachable" or not needed
     body = orjson.dumps({"status": "ready" if ready else "not ready", "store": store})
     return Response(body, status_code=200 if ready else 503, media_type="application/json")

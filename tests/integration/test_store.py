@@ -109,7 +109,8 @@ def test_readyz_needs_redis_only_where_requests_do(
 ) -> None:
     environ = {"GATEWAY_REDIS_URL": "redis://127.0.0.1:1/0", "GATEWAY_POLICY_ON_STORE_FAILURE": on_failure}
     if teams:
-        environ["GATEWAY_TEAMS"] = json.dumps({"research": {"keys": [hash_key(TEAM_KEY)]}})
+        team = {"keys": [hash_key(TEAM_KEY)], "limits": {"requests_per_minute": 100}}
+        environ["GATEWAY_TEAMS"] = json.dumps({"research": team})
     url = start_gateway(**environ)
     ready = httpx.get(url.removesuffix("/v1") + "/readyz")
     assert ready.status_code == status
