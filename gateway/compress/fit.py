@@ -316,29 +316,21 @@ def upcoming_spans(
     *,
     model: str,
     budget_tokens: int,
-    share: float,
     options: CompressionOptions = CompressionOptions(),  # noqa: B008 - frozen, safe to share
 ) -> tuple[DroppedSpan, ...]:
     """The spans a conversation that still fits will drop first, once it outgrows `budget_tokens`.
 
-    What a fit to `share` of the budget drops on the budget's own rungs and grid: the
-    conversation climbs the same rungs as it grows (each is needed where the history
-    first overflowed the one before, a fixed prefix), and the grid's cuts depend only on
-    the turns before them, so the first spans the real drop removes are these, or the
-    shorter span of the first cut among them (`previous`). Empty when that fit drops
-    nothing or cannot fit at all. For a summarizer to start ahead of the drop.
+    The drop stage's grid over the history as it is now, with the rungs climbed so far kept
+    for the head: its first cut depends only on the turns before it, so it is where the
+    first drop of this conversation will cut unless a rung not yet climbed changes the head
+    first. Empty while the history has no full grid cut yet. For a summarizer to start
+    ahead of the drop.
     """
     counter = counter_for(model)
     sizes = [counter.message(message) for message in messages]
     fixed = counter.messages([])
-    goal = int(budget_tokens * share)
-    if fixed + sum(sizes) <= goal:
-        return ()
-    try:
-        result = _Fitter(messages, sizes, fixed, counter, options, goal, budget_tokens, None).run()
-    except ContextBudgetExceeded:
-        return ()
-    return result.spans
+    fitter = _Fitter(messages, sizes, fixed, counter, options, budget_tokens, budget_tokens, None)
+    return fitter.first_drop()
 
 
 class _Span(Sequence[Message]):
@@ -736,18 +728,9 @@ class _Fitter:
         grid as auto, only further.
         """
         n = len(self.old)
-        top = len(self.levels) - 1
-        head = self._head(head_level)
-        if any(omit_media(m) is not m for k in range(head) for m in self.form(k, head_level)[0]):
-            head_level = top
-            head = self._head(head_level)
-        levels = [head_level] * head + [top] * (n - head)
-        weights = [self.form(k, level)[1] for k, level in enumerate(levels)]
-        quantum = max(1, int(self.budget * self.options.cut_quantum))
+        head, levels, weights, cuts = self._drop_grid(head_level)
         kept = self.base + sum(weights)
         position = head
-        cuts = self._turn_cuts(_grid(weights, quantum, head))
-        self.grid = cuts
         for cut in cuts:
             kept -= sum(weights[position:cut])
             position = cut
@@ -762,6 +745,30 @@ class _Fitter:
             if kept + self._marker_tokens(shorter, n) <= self.target:
                 return self._result(levels, head=shorter, cut=n, protected={})
         return self._protected(levels)
+
+    def _drop_grid(self, head_level: int) -> tuple[int, list[int], list[int], list[int]]:
+        """The drop stage's head, the old units' levels and weights, and its grid of cuts."""
+        n = len(self.old)
+        top = len(self.levels) - 1
+        head = self._head(head_level)
+        if any(omit_media(m) is not m for k in range(head) for m in self.form(k, head_level)[0]):
+            head_level = top
+            head = self._head(head_level)
+        levels = [head_level] * head + [top] * (n - head)
+        weights = [self.form(k, level)[1] for k, level in enumerate(levels)]
+        quantum = max(1, int(self.budget * self.options.cut_quantum))
+        self.grid = self._turn_cuts(_grid(weights, quantum, head))
+        return head, levels, weights, self.grid
+
+    def first_drop(self) -> tuple[DroppedSpan, ...]:
+        """The spans the drop stage removes at the first cut of its grid, the rungs climbed so far
+        kept for the head: what a conversation that still fits will drop first."""
+        rungs = self._rungs(self._openings(0))
+        head, _, _, cuts = self._drop_grid(rungs[-1] if rungs else 0)
+        cut = next((c for c in cuts if c > head and c < len(self.old)), None)
+        if cut is None:
+            return ()
+        return tuple(span for _, span, _ in self._spans_out(head, cut, accounts=True))
 
     def _past_cut(self, cuts: list[int], head: int, weights: list[int], cut: int) -> int:
         """The cut, moved forward to where an earlier request of the conversation had to cut.

@@ -1,8 +1,8 @@
 """Summaries made ahead of the first drop, while the conversation still fits.
 
 A conversation whose prompt has reached `start_ratio` of its budget will drop turns
-soon. The span it will drop first is known already (`upcoming_spans`: the drop grid's
-cuts depend only on the turns before them), so it is summarized now, in the background,
+soon. The span it will drop first is known already (`upcoming_spans`: the first cut of
+the drop grid depends only on the turns before it), so it is summarized now, in the background,
 and the request that first drops finds the summary instead of sending the digest once.
 
 Cheap when nothing is due: below the ratio it is one comparison. Above it, finding the
@@ -19,10 +19,9 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from gateway.compress.fit import DroppedSpan, Message, span_key, upcoming_spans
+from gateway.compress.fit import Message, span_key, upcoming_spans
 from gateway.settings import CompressionSettings
 from gateway.summarize.summarizer import Charge, Summarizer
-from gateway.tokens.counter import counter_for
 
 # Conversations remembered per process (an evicted one costs one more fit).
 MAX_CONVERSATIONS = 1_024
@@ -62,7 +61,6 @@ class SummariesAhead:
                 messages,
                 model=model,
                 budget_tokens=budget,
-                share=self.share,
                 options=self.options,
             )
         finally:
@@ -75,13 +73,4 @@ class SummariesAhead:
         if len(self._known) > MAX_CONVERSATIONS:
             self._known.popitem(last=False)
         for span in spans:
-            if span.previous:  # the first cut may come before the deeper one this fit chose
-                await self.summarizer.make(_shorter(span, model), model, charge=charge)
             await self.summarizer.make(span, model, charge=charge)
-
-
-def _shorter(span: DroppedSpan, model: str) -> DroppedSpan:
-    """The span of the grid cut before `span`'s, with the room the drop stage would give it."""
-    messages = span.messages[: span.previous]
-    room = min(span.room, counter_for(model).messages(messages) // 2)
-    return DroppedSpan(span_key(messages), messages, 0, room, "")
