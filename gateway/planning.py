@@ -16,7 +16,13 @@ from gateway.compress import ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, FitResult, with_summaries
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
-from gateway.tokens.counter import TokenCounter, count_request_async, counter_for
+from gateway.tokens.counter import (
+    INLINE_COUNT_BYTES,
+    TokenCounter,
+    counter_for,
+    finish_count_async,
+    request_lookup,
+)
 from gateway.tokens.learned_windows import Refusal
 from gateway.tokens.windows import requested_output
 from gateway.wire.fitting import fit_request
@@ -76,9 +82,11 @@ async def plan_request(
     ``client_gone`` is asked between counting and fitting, the two costly steps of a large
     body: once its client has hung up, the fit is not started (ClientDisconnect).
     ``charge`` pays for summarizer calls this request makes (its team's usage).
-    When no decision needs the exact count — no known budget, or the free byte bound (a BPE
-    token covers at least one byte) is already under it — the original bytes go out at once
-    and the count runs alongside the upstream request.
+    The exact count comes first when little of the body is new (a growing conversation: its
+    known head costs a comparison, its new messages are tokenized). When much is new and no
+    decision needs the exact count — no known budget, or the free byte bound (a BPE token
+    covers at least one byte) is already under it — the original bytes go out at once and
+    the count runs alongside the upstream request.
     """
     counter = counter_for(chat.model)
     await runtime.load_learned(chat.model)
@@ -92,17 +100,20 @@ async def plan_request(
             budget = runtime.settings.budget.usable(window.tokens, counted)
         if cap is not None and (budget is None or cap < budget):
             budget, capped = cap, True
-    if budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget)):
+    lookup = request_lookup(counter, counted)
+    if lookup.missing_bytes >= INLINE_COUNT_BYTES and (
+        budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget))
+    ):
         plan = Plan(
             chat.raw,
             budget,
             capped=capped,
-            counting=asyncio.create_task(count_request_async(counter, counted)),
+            counting=asyncio.create_task(finish_count_async(counter, counted, lookup)),
         )
         _look_ahead(runtime, chat, plan, charge)
         return plan
-    tokens = await count_request_async(counter, counted)
-    if (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
+    tokens = await finish_count_async(counter, counted, lookup)
+    if budget is None or (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
         plan = Plan(chat.raw, budget, tokens, tokens, capped=capped)
         _look_ahead(runtime, chat, plan, charge)
         return plan

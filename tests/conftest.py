@@ -13,7 +13,7 @@ import gateway  # noqa: F401  (offline tiktoken before anything loads it)
 from gateway.app import create_app
 from gateway.server.run import server_options
 from gateway.settings import load_settings
-from gateway.tokens.counter import CALIBRATION, MESSAGE_COUNTS
+from gateway.tokens.counter import CALIBRATION, CONVERSATIONS, MESSAGE_COUNTS
 from tests.fakes.serve import serve_in_thread
 from tests.fakes.upstream import FakeUpstream
 
@@ -29,9 +29,11 @@ def isolated_process_state() -> Iterator[None]:
     """Calibration factors and cached counts are process-wide: no test sees another's."""
     CALIBRATION.clear()
     MESSAGE_COUNTS.clear()
+    CONVERSATIONS.clear()
     yield
     CALIBRATION.clear()
     MESSAGE_COUNTS.clear()
+    CONVERSATIONS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -58,6 +58,15 @@ class CountCache:
             self._entries[key] = count
             self._entries.move_to_end(key)
             if len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+
+    def refresh(self, keys: Sequence[CacheKey], counts: Sequence[int]) -> None:
+        """Mark entries as just used, putting back any that were evicted meanwhile."""
+        with self._lock:
+            for key, count in zip(keys, counts, strict=True):
+                self._entries[key] = count
+                self._entries.move_to_end(key)
+            while len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)
 
     def clear(self) -> None:

@@ -34,12 +34,14 @@ from gateway.tokens.cache import CacheKey, CountCache, message_key
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.encodings import ModelProfile, get_encoding, profile_for
 from gateway.tokens.formats import REPLY_PRIMING, PromptRules, compact_json
+from gateway.tokens.prefixes import ConversationPrefixes, Encoded, Remembered
 from gateway.tokens.segments import SEGMENT_CHARS, segments
 
 # Shared by every counter made by `counter_for`: the route feeds it the
 # upstream's reported usage and persists it through the store.
 CALIBRATION: Final = Calibration()
 MESSAGE_COUNTS: Final = CountCache()
+CONVERSATIONS: Final = ConversationPrefixes()
 
 # `byte_upper_bound`: fixed tokens that no body byte pays for (reply priming
 # 3 + the tools section's closing 12), with room to spare.
@@ -50,17 +52,28 @@ _UNBOUNDED_BY_BYTES: Final = re.compile(
     rb'"(?:image_url|image|input_audio|file|document|input_image|input_file)"'
 )
 
+# A conversation is remembered under its first messages (`TokenCounter._opening`).
+OPENING_MESSAGES: Final = 2
+
 # Below this much uncached JSON, tokenizing (~1 ms) is cheaper than a thread hop.
 INLINE_COUNT_BYTES: Final = 32 * 1024
 
 
 @dataclass
 class Lookup:
-    """A request's messages split by the count cache: what is known and what must be tokenized."""
+    """A request's messages split by what is known (a remembered conversation's head, the count
+    cache) and what must be tokenized; `counts` is complete once `missing` is tokenized."""
 
+    messages: Sequence[Any]
+    counts: list[int]
+    keys: list[CacheKey | None]
     cached: int = 0
-    missing: list[tuple[CacheKey | None, Any]] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)  # indices into messages
     missing_bytes: int = 0
+    opening: CacheKey | None = None
+    encoded: Encoded | None = None  # the messages' JSON, as far as the comparison wrote it
+    remembered: Remembered | None = None  # the remembered conversation sharing the longest head
+    shared: int = 0  # how many leading messages it shares
 
 
 class TokenCounter:
@@ -70,6 +83,7 @@ class TokenCounter:
         *,
         calibration: Calibration | None = None,
         cache: CountCache | None = None,
+        conversations: ConversationPrefixes | None = None,
     ) -> None:
         self.model = model
         self.profile: ModelProfile = profile_for(model)
@@ -77,6 +91,10 @@ class TokenCounter:
         self.encoding: tiktoken.Encoding = get_encoding(self.profile.encoding_name)
         self._calibration = CALIBRATION if calibration is None else calibration
         self._cache = MESSAGE_COUNTS if cache is None else cache
+        # What a counter learns is its cache's: one given its own cache keeps its own conversations.
+        if conversations is None:
+            conversations = CONVERSATIONS if cache is None else ConversationPrefixes()
+        self._conversations = conversations
         self._rules = PromptRules(self.profile, self._raw_text)
         self._cache_namespace = self.profile.key.encode()
         self._tools_namespace = self._cache_namespace + b"/tools"
@@ -103,33 +121,85 @@ class TokenCounter:
         lookup = self.lookup([message])
         return lookup.cached + self._tokenize_missing(lookup)
 
-    def lookup(self, messages: Sequence[Any]) -> Lookup:
-        """Key every message and take what the cache knows: hashing only, no tokenizing."""
-        lookup = Lookup()
-        for message in messages:
+    def lookup(self, messages: Sequence[Any], *, conversation: bool = False) -> Lookup:
+        """What is known of each message, without tokenizing. A `conversation` (a whole message
+        list) first takes the head it shares with a remembered one (`prefixes.py`); the other
+        messages are keyed for the count cache."""
+        lookup = Lookup(messages, [0] * len(messages), [None] * len(messages))
+        start = 0
+        if conversation:
+            lookup.opening = self._opening(lookup)
+        if lookup.opening is not None:
+            lookup.encoded = Encoded(messages)
+            remembered, start = self._conversations.longest(lookup.opening, lookup.encoded)
+            lookup.remembered, lookup.shared = remembered, start
+            if remembered is not None:
+                lookup.counts[:start] = remembered.counts[:start]
+                lookup.keys[:start] = remembered.keys[:start]
+                lookup.cached = sum(remembered.counts[:start])
+                # Fitting counts message by message: keep the shared head warm in the cache.
+                self._cache.refresh(remembered.keys[:start], remembered.counts[:start])
+        for index in range(start, len(messages)):
+            message = messages[index]
             if not isinstance(message, Mapping):  # malformed body: counted as its JSON, uncached
-                lookup.missing.append((None, message))
+                lookup.missing.append(index)
                 continue
-            key = message_key(self._cache_namespace, message)
+            key = lookup.keys[index]  # the opening's messages are keyed already
+            if key is None:
+                key = lookup.keys[index] = message_key(self._cache_namespace, message)
             count = None if key is None else self._cache.get(key)
             if count is None:
-                lookup.missing.append((key, message))
+                lookup.missing.append(index)
                 lookup.missing_bytes += 0 if key is None else key[1]
             else:
+                lookup.counts[index] = count
                 lookup.cached += count
         return lookup
 
+    def _opening(self, lookup: Lookup) -> CacheKey | None:
+        """A conversation's opening: its first two messages (an app's system prompt alone would
+        put all of the app's conversations under one opening), keyed into `lookup.keys`."""
+        opening = lookup.messages[:OPENING_MESSAGES]
+        for index, message in enumerate(opening):
+            if not isinstance(message, Mapping):
+                return None
+            lookup.keys[index] = message_key(self._cache_namespace, message)
+        keys = [key for key in lookup.keys[: len(opening)] if key is not None]
+        if not keys or len(keys) < len(opening):
+            return None
+        return (self._cache_namespace, sum(key[1] for key in keys), hash(tuple(key[2] for key in keys)))
+
     def _tokenize_missing(self, lookup: Lookup) -> int:
         total = 0
-        for key, message in lookup.missing:
+        for index in lookup.missing:
+            message, key = lookup.messages[index], lookup.keys[index]
             if not isinstance(message, Mapping):
-                total += self._raw_text(compact_json(message))
-                continue
-            count = self._rules.message(message)
-            if key is not None:
-                self._cache.put(key, count)
+                count = self._raw_text(compact_json(message))
+            else:
+                count = self._rules.message(message)
+                if key is not None:
+                    self._cache.put(key, count)
+            lookup.counts[index] = count
             total += count
         return total
+
+    def _remember(self, lookup: Lookup) -> None:
+        """Keep a counted request's messages for the next request of its conversation."""
+        known, shared = lookup.remembered, lookup.shared
+        if lookup.opening is None or (
+            known is not None and shared == len(known.encoded) == len(lookup.messages)
+        ):
+            return  # not rememberable, or the very conversation already remembered
+        # It grew from the remembered one, or rewrote its newest message (an edit, a retry):
+        # that one will not be sent again. Otherwise it branched off earlier and both are kept.
+        replaces = known if known is not None and shared >= len(known.encoded) - 1 else None
+        keys = [key for key in lookup.keys if key is not None]
+        encoded = (
+            [] if lookup.encoded is None else [json for json in lookup.encoded.all() if json is not None]
+        )
+        if len(keys) == len(encoded) == len(lookup.messages):
+            remembered = Remembered(tuple(encoded), tuple(keys), tuple(lookup.counts))
+            self._conversations.remember(lookup.opening, remembered, replaces)
 
     def _raw_tools(self, tools: Sequence[Any] | None, functions: Sequence[Any] | None) -> int:
         """Tool definitions repeat on every request of an agent: cached like messages."""
@@ -144,12 +214,13 @@ class TokenCounter:
         return count
 
     def _raw_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        lookup = self.lookup(messages)
+        lookup = self.lookup(messages, conversation=True)
         return lookup.cached + self._tokenize_missing(lookup) + REPLY_PRIMING
 
     def _raw_request(self, body: Mapping[str, Any]) -> int:
         messages = body.get("messages")
-        return self._finish_request(body, self.lookup(messages if isinstance(messages, list) else []))
+        lookup = self.lookup(messages if isinstance(messages, list) else [], conversation=True)
+        return self._finish_request(body, lookup)
 
     def _finish_request(self, body: Mapping[str, Any], lookup: Lookup) -> int:
         """Raw tokens of a request whose messages were looked up: tokenize the rest, add the extras."""
@@ -157,6 +228,7 @@ class TokenCounter:
         tools = body.get("tools")
         functions = body.get("functions")
         total = lookup.cached + self._tokenize_missing(lookup)
+        self._remember(lookup)
         total += REPLY_PRIMING if isinstance(messages, list) else 0
         total += self._raw_tools(
             tools if isinstance(tools, list) else None,
@@ -217,16 +289,25 @@ def counter_for(model: str) -> TokenCounter:
     return TokenCounter(model)
 
 
-async def count_request_async(counter: TokenCounter, body: Mapping[str, Any]) -> int:
-    """`counter.request(body)`, tokenizing in a worker thread when much of it is new.
-
-    The cache lookup (hashing) stays on the event loop; only what the cache does not
-    know is tokenized, off the loop when it is large (tiktoken releases the GIL, so a
-    big first request does not stall the others). A growing conversation's usual
-    request, all cached but its newest message, never pays for a thread hop.
-    """
+def request_lookup(counter: TokenCounter, body: Mapping[str, Any]) -> Lookup:
+    """The lookup of a request's messages, as a conversation: hashing and comparing, no tokenizing."""
     messages = body.get("messages")
-    lookup = counter.lookup(messages if isinstance(messages, list) else [])
+    return counter.lookup(messages if isinstance(messages, list) else [], conversation=True)
+
+
+async def finish_count_async(counter: TokenCounter, body: Mapping[str, Any], lookup: Lookup) -> int:
+    """`counter.finish_request`, in a worker thread when much of the body is new.
+
+    A growing conversation's usual request, all known but its newest message,
+    is tokenized on the event loop and never pays for a thread hop; a large
+    new part goes to a thread (tiktoken releases the GIL, so a big first
+    request does not stall the others).
+    """
     if lookup.missing_bytes < INLINE_COUNT_BYTES:
         return counter.finish_request(body, lookup)
     return await asyncio.to_thread(counter.finish_request, body, lookup)
+
+
+async def count_request_async(counter: TokenCounter, body: Mapping[str, Any]) -> int:
+    """`counter.request(body)`: the lookup on the event loop, tokenizing as `finish_count_async`."""
+    return await finish_count_async(counter, body, request_lookup(counter, body))
