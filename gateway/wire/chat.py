@@ -108,9 +108,11 @@ def invalid_type(param: str, value: object, expected: str) -> GatewayError:
 def check_optional(
     container: Mapping[str, Any], name: str, kind: type, expected: str, where: str = ""
 ) -> None:
+    """An optional field of `kind`; `where` is the container's path (the field's is built on error only:
+    paths are formatted for every field of every message otherwise)."""
     value = container.get(name)
     if value is not None and not isinstance(value, kind):
-        raise invalid_type(f"{where}{name}", value, expected)
+        raise invalid_type(f"{where}.{name}" if where else name, value, expected)
 
 
 def check_count(payload: Mapping[str, Any], name: str) -> None:
@@ -165,11 +167,11 @@ def _message(message: object, where: str) -> None:
         )
     check_content(message.get("content"), f"{where}.content", depth=0)
     for name in ("name", "reasoning_content", "refusal"):
-        check_optional(message, name, str, "a string", f"{where}.")
+        check_optional(message, name, str, "a string", where)
     tool_call_id = message.get("tool_call_id")
     if role == "tool" and not isinstance(tool_call_id, str):
         raise invalid_type(f"{where}.tool_call_id", tool_call_id, "a string")
-    check_optional(message, "tool_call_id", str, "a string", f"{where}.")
+    check_optional(message, "tool_call_id", str, "a string", where)
     calls = message.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
@@ -186,7 +188,7 @@ def _tool_call(call: object, where: str) -> None:
         raise invalid_type(where, call, "an object")
     if not isinstance(call.get("id"), str):
         raise invalid_type(f"{where}.id", call.get("id"), "a string")
-    check_optional(call, "type", str, "a string", f"{where}.")
+    check_optional(call, "type", str, "a string", where)
     function = call.get("function")
     if function is not None:
         _function(function, f"{where}.function")
@@ -195,7 +197,7 @@ def _tool_call(call: object, where: str) -> None:
 def _function(function: object, where: str) -> None:
     if not isinstance(function, dict):
         raise invalid_type(where, function, "an object")
-    check_optional(function, "name", str, "a string", f"{where}.")
+    check_optional(function, "name", str, "a string", where)
     arguments = function.get("arguments")
     # OpenAI sends arguments as a JSON string; some compatible servers accept the object itself.
     if arguments is not None and not isinstance(arguments, str | dict):
@@ -225,21 +227,21 @@ def _part(part: object, where: str, depth: int) -> None:
     if not isinstance(kind, str):
         raise invalid_type(f"{where}.type", kind, "a string")
     if kind in _STRING_FIELDS:
-        check_optional(part, _STRING_FIELDS[kind], str, "a string", f"{where}.")
+        check_optional(part, _STRING_FIELDS[kind], str, "a string", where)
     elif kind == "image_url":
         image_url = part.get("image_url")
         if not isinstance(image_url, dict | str):
             raise invalid_type(f"{where}.image_url", image_url, "an object")
         if isinstance(image_url, dict):
-            check_optional(image_url, "url", str, "a string", f"{where}.image_url.")
-            check_optional(image_url, "detail", str, "a string", f"{where}.image_url.")
+            check_optional(image_url, "url", str, "a string", f"{where}.image_url")
+            check_optional(image_url, "detail", str, "a string", f"{where}.image_url")
     elif kind in _OBJECT_FIELDS:
-        check_optional(part, _OBJECT_FIELDS[kind], dict, "an object", f"{where}.")
+        check_optional(part, _OBJECT_FIELDS[kind], dict, "an object", where)
     elif kind == "tool_use":
         for name in ("id", "name"):
-            check_optional(part, name, str, "a string", f"{where}.")
+            check_optional(part, name, str, "a string", where)
     elif kind == "tool_result":
-        check_optional(part, "tool_use_id", str, "a string", f"{where}.")
+        check_optional(part, "tool_use_id", str, "a string", where)
         check_content(part.get("content"), f"{where}.content", depth=depth + 1)
 
 
