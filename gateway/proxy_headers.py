@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode
 
@@ -28,7 +28,7 @@ def request_id_for(headers: Headers) -> str:
     given = headers.get(REQUEST_ID, "")
     if 0 < len(given) <= 200 and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # what uuid4().hex holds, less its version bits, at a quarter of the cost
 
 
 def to_upstream(

@@ -127,7 +127,7 @@ class TokenCounter:
         messages are keyed for the count cache."""
         lookup = Lookup(messages, [0] * len(messages), [None] * len(messages))
         start = 0
-        if conversation:
+        if conversation and len(messages) > OPENING_MESSAGES:  # shorter: nothing to share beyond its opening
             lookup.opening = self._opening(lookup)
         if lookup.opening is not None:
             lookup.encoded = Encoded(messages)
