@@ -573,16 +573,18 @@ class _Fitter:
             if index >= required and self._fits(level):
                 if not self.options.fill_quantum:
                     return self._result([level] * len(self.old), head=0, cut=0, protected={})
-                return self._filled(level, rungs[index - 1] if index else 0)
+                # One step back down the ladder, not to the rung climbed from: after skipped
+                # rungs that is often raw output, so large that few units could have it.
+                return self._filled(level, level - 1)
         return self._drop(rungs[-1] if rungs else 0)
 
     def _filled(self, level: int, weaker: int) -> FitResult:
-        """The history at `level`, its newest units at the `weaker` rung before it while they fit.
+        """The history at `level`, its newest units at the `weaker` level before it while they fit.
 
         A rung applies to the whole history, and the one that fits can leave much of
         the room unused (one cap, then a placeholder for every output). Newer units
-        matter more, so the room left goes to them, newest first, back to the rung
-        the conversation climbed from. The boundary sits on a grid over the history
+        matter more, so the room left goes to them, newest first, one level back
+        down the ladder. The boundary sits on a grid over the history
         (where its running size at `level` crosses a multiple of the fill quantum),
         the same points for every request of a growing conversation, and it is never
         behind where the request that opened an earlier turn put it (a smaller latest

@@ -84,3 +84,17 @@ def test_on_a_growing_conversation_the_boundary_only_moves_forward() -> None:
             assert result.messages[: len(previous) - 1] == previous[:-1]
         forms, previous = now, result.messages
     assert moves >= 2  # it did move over the run
+
+
+def test_the_fill_steps_back_one_level_of_the_ladder_not_to_the_rung_climbed_from() -> None:
+    """After skipped rungs the rung climbed from is often the raw output, so large that no unit
+    could take it back: the room then stayed unused, every output a placeholder."""
+    messages = tool_chat(35)
+    budget = int(0.9 * COUNTER.messages(messages))
+    skipping = CompressionOptions(fill_quantum=0.25, rung_headroom=0.5)  # the cap rungs are skipped
+    plain = fit(messages, model=MODEL, budget_tokens=budget, options=CompressionOptions(rung_headroom=0.5))
+    assert all(text.startswith(PLACEHOLDER) for text in outputs(plain.messages).values())
+    filled = fit(messages, model=MODEL, budget_tokens=budget, options=skipping)
+    newest = list(outputs(filled.messages).values())[-10:]
+    assert not any(text.startswith(PLACEHOLDER) for text in newest)  # at the cap one level back
+    assert filled.tokens_after > 0.5 * budget > 2 * plain.tokens_after
