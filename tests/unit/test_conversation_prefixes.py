@@ -16,6 +16,7 @@ from gateway.tokens.cache import CountCache
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import TokenCounter, request_lookup
 from gateway.tokens.prefixes import ConversationPrefixes, Encoded
+from tests.unit.test_tokens_cost import SpyEncoding
 
 
 def fresh(model: str = "gpt-4o") -> TokenCounter:
@@ -71,16 +72,6 @@ def test_a_growing_agent_loop_keys_and_tokenizes_only_its_new_step(monkeypatch: 
     assert keyed == body["messages"][:2] + body["messages"][22:]
     assert [lookup.messages[i]["role"] for i in lookup.missing] == ["assistant", "tool"]
     assert counter.finish_request(body, lookup) == fresh().request(body)
-
-
-class SpyEncoding:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.texts: list[str] = []
-
-    def encode_ordinary(self, text: str) -> list[int]:
-        self.texts.append(text)
-        return self.inner.encode_ordinary(text)  # type: ignore[no-any-return]
 
 
 def test_the_head_stays_warm_in_the_count_cache_for_fitting() -> None:
