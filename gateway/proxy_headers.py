@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import Headers
+from starlette.types import Scope
 
 from gateway.upstream import forward_headers
 
@@ -21,6 +22,18 @@ CREDENTIAL_HEADERS = frozenset(
     {"authorization", "api-key", "x-api-key", "x-goog-api-key", "ocp-apim-subscription-key", "cookie"}
 )
 CREDENTIAL_QUERY_PARAMS = frozenset({"api-key", "api_key", "apikey", "key", "access_token", "token"})
+# What never goes upstream besides hop-by-hop headers, by (credentials replaced, identity encoding).
+_DROPPED_TO_UPSTREAM = {
+    (credentials, identity): frozenset(
+        {
+            REQUEST_ID,
+            *(CREDENTIAL_HEADERS if credentials else ()),
+            *(("accept-encoding",) if identity else ()),
+        }
+    )
+    for credentials in (False, True)
+    for identity in (False, True)
+}
 
 
 def request_id_for(headers: Headers) -> str:
@@ -49,17 +62,19 @@ def to_upstream(
     answer the gateway reads (usage, overflow errors). ``key_header`` is where the key goes:
     ``authorization`` (as a Bearer token, OpenAI) or ``x-api-key`` (as is, Anthropic).
     """
-    out = forward_headers(headers.items())
-    drop = {REQUEST_ID}
-    if api_key or strip_credentials:
-        drop |= CREDENTIAL_HEADERS
-    if identity_encoding:
-        drop.add("accept-encoding")
-    out = [(name, value) for name, value in out if name.lower() not in drop]
+    drop = _DROPPED_TO_UPSTREAM[bool(api_key or strip_credentials), identity_encoding]
+    out = forward_headers(headers.items(), drop)
     if api_key:
         out.append((key_header, f"Bearer {api_key}" if key_header == "authorization" else api_key))
     out.append((REQUEST_ID, request_id))
     return out
+
+
+def client_query(scope: Scope) -> str:
+    """The request's query string as sent (the HTTP parser admits ASCII only there). Read from the
+    scope: `Request.url` would build a whole URL object on every request for it."""
+    query: bytes = scope.get("query_string", b"")
+    return query.decode("latin-1")
 
 
 def upstream_query(query: str, *, api_key: str | None, strip_credentials: bool = False) -> str:

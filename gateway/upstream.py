@@ -159,14 +159,18 @@ def retry_after_seconds(headers: Iterable[tuple[str, str]]) -> float | None:
     return None
 
 
-def forward_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Headers to pass on, either direction: everything but hop-by-hop ones."""
-    connection_tokens: set[str] = set()
-    pairs = list(headers)
-    for name, value in pairs:
-        if name.lower() == "connection":
-            connection_tokens.update(t.strip().lower() for t in value.split(","))
-    return [(n, v) for n, v in pairs if n.lower() not in HOP_BY_HOP and n.lower() not in connection_tokens]
+def forward_headers(
+    headers: Iterable[tuple[str, str]], drop: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
+    """Headers to pass on, either direction: everything but hop-by-hop ones and `drop` (lower case).
+
+    Each name is lowered once: on every request this runs over both directions' headers."""
+    pairs = [(name.lower(), name, value) for name, value in headers]
+    dropped = HOP_BY_HOP | drop
+    for lower, _, value in pairs:
+        if lower == "connection":  # the headers it names are hop-by-hop too
+            dropped = dropped | {token.strip().lower() for token in value.split(",")}
+    return [(name, value) for lower, name, value in pairs if lower not in dropped]
 
 
 P = ParamSpec("P")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 
 from gateway.policy.enforcer import Team
-from gateway.proxy_headers import to_upstream, upstream_query
+from gateway.proxy_headers import client_query, to_upstream, upstream_query
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
 
@@ -20,7 +20,7 @@ def openai_upstream(path: str) -> Callable[[Runtime, Request, Team | None], Upst
         api_key = runtime.upstream_key(team)
         # With teams, the caller's credential is a gateway key: it never crosses, key or no key.
         strip = team is not None
-        query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+        query = upstream_query(client_query(request.scope), api_key=api_key, strip_credentials=strip)
         return Upstreaming(
             headers=to_upstream(
                 request.headers,

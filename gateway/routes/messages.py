@@ -19,7 +19,7 @@ from yarl import URL
 from gateway import metrics
 from gateway.errors import anthropic_error_body
 from gateway.policy.enforcer import Team
-from gateway.proxy_headers import to_upstream, upstream_query
+from gateway.proxy_headers import client_query, to_upstream, upstream_query
 from gateway.routes.passthrough import relay_unchanged
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
@@ -39,7 +39,7 @@ def _upstream(runtime: Runtime, request: Request, team: Team | None) -> Upstream
     request_id: str = request.state.request_id
     api_key = runtime.settings.upstream.anthropic_api_key
     strip = team is not None  # the caller's credential is a gateway key: it never crosses
-    query = upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)
+    query = upstream_query(client_query(request.scope), api_key=api_key, strip_credentials=strip)
     return Upstreaming(
         url=anthropic_url(runtime, "/v1/messages", query),
         headers=to_upstream(

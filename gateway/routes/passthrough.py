@@ -19,7 +19,7 @@ from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.enforcer import Team
-from gateway.proxy_headers import to_client, to_upstream, upstream_query
+from gateway.proxy_headers import client_query, to_client, to_upstream, upstream_query
 from gateway.relay import RelayStream
 from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
@@ -70,7 +70,7 @@ async def relay_unchanged(
     try:
         reply = await runtime.upstream.send(
             request.method,
-            url_for(upstream_query(request.url.query, api_key=api_key, strip_credentials=strip)),
+            url_for(upstream_query(client_query(request.scope), api_key=api_key, strip_credentials=strip)),
             to_upstream(
                 request.headers,
                 api_key=api_key,
