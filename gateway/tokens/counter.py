@@ -165,7 +165,7 @@ class TokenCounter:
                 return None
             lookup.keys[index] = message_key(self._cache_namespace, message)
         keys = [key for key in lookup.keys[: len(opening)] if key is not None]
-        if not keys or len(keys) < len(opening):
+        if len(keys) < len(opening):  # one of them has no JSON
             return None
         return (self._cache_namespace, sum(key[1] for key in keys), hash(tuple(key[2] for key in keys)))
 

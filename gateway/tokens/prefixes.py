@@ -103,7 +103,7 @@ class ConversationPrefixes:
             if shared > best_shared:
                 best, best_shared = candidate, shared
                 if shared >= len(messages) - 1 or shared == len(candidate.encoded):
-                    break  # at most one message left to gain
+                    break  # one message left to gain at most, or the newest conversation this one continues
         return best, best_shared
 
     def remember(self, opening: CacheKey, conversation: Remembered, replaces: Remembered | None) -> None:
