@@ -205,9 +205,16 @@ def test_byte_bound_is_an_upper_bound(model: str, body: dict[str, Any], encode: 
     raw = encode(body)
     bound = counter.byte_upper_bound(raw)
     if bound is None:  # a text value that looks like a media part's type: no fast path, still safe
-        assert any(
-            word in raw for word in (b'"image"', b'"file"', b'"document"', b'"image_url"', b'"input_audio"')
+        media_types = (
+            b"image",
+            b"file",
+            b"document",
+            b"image_url",
+            b"input_audio",
+            b"input_image",
+            b"input_file",
         )
+        assert any(b'"%s"' % word in raw for word in media_types)
         return
     assert counter.request(body) <= bound
 
