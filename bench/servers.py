@@ -46,15 +46,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def start(name: str, argv: Sequence[str], *, health: str, env: dict[str, str], logs: Path) -> Server:
-    """Spawn `python ARGV --port P` and wait until `health` answers 200 (time-to-ready: spawn → 200)."""
+def start(
+    name: str, argv: Sequence[str], *, health: str, env: dict[str, str], logs: Path, cwd: Path = REPO
+) -> Server:
+    """Spawn `python ARGV --port P` in `cwd` (another checkout: its own code runs) and wait until
+    `health` answers 200 (time-to-ready: spawn → 200)."""
     port = free_port()
     log = logs / f"{name.replace(' ', '-')}.log"
     started = time.perf_counter()
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, *argv, "--port", str(port)],
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
