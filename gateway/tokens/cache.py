@@ -54,14 +54,10 @@ class CountCache:
             return count
 
     def put(self, key: CacheKey, count: int) -> None:
-        with self._lock:
-            self._entries[key] = count
-            self._entries.move_to_end(key)
-            if len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
+        self.refresh((key,), (count,))
 
     def refresh(self, keys: Sequence[CacheKey], counts: Sequence[int]) -> None:
-        """Mark entries as just used, putting back any that were evicted meanwhile."""
+        """Put entries as just used (those still held move to the newest end), under one lock."""
         with self._lock:
             for key, count in zip(keys, counts, strict=True):
                 self._entries[key] = count
