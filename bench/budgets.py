@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from servers import Server, bench_environment, start, stop
+from servers import Server, bench_environment, gateway_environment, start, stop
 
 from gateway.policy.keys import hash_key
 
@@ -75,11 +75,7 @@ def servers(redis_url: str, team: str, limit: int, logs: Path) -> Iterator[dict[
             logs=logs,
         )
         running["upstream"] = upstream
-        base = {
-            **env,
-            "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
-            "GATEWAY_SERVER_LOG_LEVEL": "warning",
-        }
+        base = gateway_environment(upstream)
         teams = {
             team: {"keys": [hash_key(KEY)], "limits": {"tokens_per_minute": limit}},
             team + "-fast": {"keys": [hash_key(KEY + "-fast")], "limits": {"tokens_per_minute": 10**11}},

@@ -27,7 +27,7 @@ import aiohttp
 import uvloop
 from proxy_overhead import FLOOR_AIOHTTP, cpu_seconds, fire, rotated
 from proxy_payloads import build
-from servers import REPO, Server, bench_environment, start, stop
+from servers import REPO, Server, bench_environment, gateway_environment, start, stop
 
 SETTLE_SECONDS = 0.05  # the last responses' bookkeeping lands before CPU times are read
 WARMUP_REQUESTS = 300
@@ -53,11 +53,7 @@ def servers(baseline: Path, logs: Path) -> dict[str, Server]:
             upstream.origin,
         ]
         running[FLOOR_AIOHTTP] = start(FLOOR_AIOHTTP, floor, health="/healthz", env=env, logs=logs)
-        gateway_env = {
-            **env,
-            "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
-            "GATEWAY_SERVER_LOG_LEVEL": "warning",
-        }
+        gateway_env = gateway_environment(upstream)
         serve = ["-m", "gateway.cli", "serve"]
         running["baseline"] = start(
             "baseline", serve, health="/healthz", env=gateway_env, logs=logs, cwd=baseline

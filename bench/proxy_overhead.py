@@ -47,7 +47,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 from proxy_payloads import APIS, Payload, build
-from servers import REPO, Server, bench_environment, start, stop
+from servers import REPO, Server, bench_environment, gateway_environment, start, stop
 
 BENCH = REPO / "bench"
 
@@ -122,10 +122,8 @@ def servers(logs: Path) -> Iterator[dict[str, Server]]:
             argv = [str(BENCH / "proxy_floors.py"), "--client", client, "--upstream", upstream.origin]
             running[name] = start(name, argv, health="/healthz", env=env, logs=logs)
         gateway_env = {
-            **env,
-            "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
+            **gateway_environment(upstream),
             "GATEWAY_UPSTREAM_ANTHROPIC_BASE_URL": upstream.origin,
-            "GATEWAY_SERVER_LOG_LEVEL": "warning",
         }
         running[GATEWAY] = start(
             GATEWAY, ["-m", "gateway.cli", "serve"], health="/healthz", env=gateway_env, logs=logs

@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 import orjson
-from servers import Server, bench_environment, start, stop
+from servers import Server, bench_environment, gateway_environment, start, stop
 
 CHAT = "/v1/chat/completions"
 REQUEST_TIMEOUT = 30.0
@@ -84,13 +84,10 @@ def servers(window: int, logs: Path) -> Iterator[dict[str, Server]]:
             "fake-open", ["-m", "tests.fakes.upstream"], health="/v1/models", env=env, logs=logs
         )
         for name, upstream in (("gateway-a", "fake-window"), ("gateway-b", "fake-open")):
-            gateway_env = {
-                **env,
-                "GATEWAY_UPSTREAM_BASE_URL": running[upstream].origin + "/v1",
-                "GATEWAY_SERVER_LOG_LEVEL": "warning",
-            }
             argv = ["-m", "gateway.cli", "serve"]
-            running[name] = start(name, argv, health="/healthz", env=gateway_env, logs=logs)
+            running[name] = start(
+                name, argv, health="/healthz", env=gateway_environment(running[upstream]), logs=logs
+            )
         yield running
     finally:
         for server in reversed(running.values()):
@@ -389,12 +386,9 @@ def attack_abandoned_body(origin: str, pid: int) -> str:
 def hostile_table(logs: Path, names: int, idle: int) -> tuple[float, list[HostileRow]]:
     env = bench_environment()
     fake = start("fake-open", ["-m", "tests.fakes.upstream"], health="/v1/models", env=env, logs=logs)
-    gateway_env = {
-        **env,
-        "GATEWAY_UPSTREAM_BASE_URL": fake.origin + "/v1",
-        "GATEWAY_SERVER_LOG_LEVEL": "warning",
-    }
-    gateway = start("gateway", ["-m", "gateway.cli", "serve"], health="/healthz", env=gateway_env, logs=logs)
+    gateway = start(
+        "gateway", ["-m", "gateway.cli", "serve"], health="/healthz", env=gateway_environment(fake), logs=logs
+    )
     pid, origin = gateway.process.pid, gateway.origin
     attacks: list[tuple[str, Callable[[], str]]] = [
         ("model name `a/` × 10,000", lambda: attack_model_name(origin, 10_000)),

@@ -40,6 +40,15 @@ def bench_environment() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if not key.startswith("GATEWAY_")}
 
 
+def gateway_environment(upstream: Server) -> dict[str, str]:
+    """`bench_environment()` for a gateway in front of `upstream`, logging warnings only."""
+    return {
+        **bench_environment(),
+        "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
+        "GATEWAY_SERVER_LOG_LEVEL": "warning",
+    }
+
+
 def _die_with_parent() -> None:
     # Runs in the child before exec: if the bench is killed outright (SIGKILL), its
     # servers get SIGTERM from the kernel instead of lingering on their ports.
