@@ -30,24 +30,30 @@ Agent loops. A coding or research agent answers one user message with many
 steps (an assistant tool call and the results answering it), sending a
 request after each; the latest turn is then most of the prompt. Its newest
 steps are protected: at least the newest, and more up to
-`recent_steps_ratio` of the budget; older steps are history, compressed by
-the same rungs and dropped on the same grid as older turns (after them). The
-boundary sits on a grid over the turn's steps (where their running size
-crosses a multiple of the cut quantum), so it stays put while steps append
-and then jumps a whole quantum; it only moves forward. Each jump re-sends the
-steps it ages in compressed form, from the first one the rung changes: the
-prefix breaks there, about every quantum of steps, which is the cost of
-keeping the newest results whole. When even the dropped history is not
+`recent_steps_ratio` of the budget, or as far back as the room left with
+every older message at its placeholder form allows, whichever reaches
+further: a loop fills its budget with whole recent results rather than
+trimmed old ones. Older steps are history, dropped on the same grid as older
+turns (after them); they skip the trim rungs and go straight to their
+placeholder form (the call stays, the result becomes a note), so an aged
+step changes form once, not once per rung. The boundary sits on a grid over
+the turn's steps (where their running size crosses a multiple of the cut
+quantum), so it stays put while steps append and then jumps a whole
+quantum; it only moves forward (a later request has more steps and no more
+room). Each jump re-sends the steps it ages as placeholders: the prefix
+breaks there, about every quantum of steps, which is the cost of keeping
+the newest results whole. When even the dropped history is not
 enough, the fit is redone with only the newest step protected, and only then
 are protected messages trimmed; a request is refused only when the system
 prompt, the latest user message and the newest step cannot fit at the floor.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every
-request. Each rung of stages 1–4 applies to the whole history (older turns
-and older steps alike) or not at all: on a growing conversation the previous compressed
-prompt is then reproduced byte for byte, followed by the newly old messages
-in compressed form, and the prefix only breaks when the rung changes. Applying
+request. Each rung of stages 1–4 applies to the whole history (older steps
+at least at their placeholder form) or not at all: on a growing
+conversation the previous compressed prompt is then reproduced byte for
+byte, followed by the newly old messages in compressed form, and the prefix
+only breaks when the rung changes. Applying
 a rung oldest-first up to a moving cut was measured to break the prefix at the
 cut nearly every turn: the history after the cut grows at the weaker rung's
 size, so the cut has to move again almost at once.
@@ -409,6 +415,8 @@ class _Fitter:
         self.budget = budget
         self.fixed = fixed
         self.before = fixed + sum(sizes)
+        self.names = tool_names(list(messages))
+        self.densities: dict[int, float] = {}
         units = group_units(messages)
         recent = self._recent_steps(units, narrow)
         # Steps of the latest turn older than the recent ones are history like older turns.
@@ -431,9 +439,7 @@ class _Fitter:
         self.system_base = fixed + sum(self._unit_size(u) for u in system)
         task = [u for u in self.units if u.protected and u.turn_start]
         self.task_size = self._unit_size(task[-1]) if task else 0  # the latest user message
-        self.names = tool_names(list(messages))
         self.forms: dict[tuple[int, int], tuple[Form, int]] = {}
-        self.densities: dict[int, float] = {}
         self.levels = self._ladder()
         self.prefixes: dict[int, list[int]] = {}
         self.trim_caps = dict(enumerate(options.tool_result_caps, start=2))  # level -> cap
@@ -460,14 +466,28 @@ class _Fitter:
         weights = [self._unit_size(units[i]) for i in steps]
         share = self.budget * self.options.recent_steps_ratio
         quantum = max(1, int(self.budget * self.options.cut_quantum))
+        # The room the steps could have with all older messages at their placeholder form.
+        before = units[: steps[0]]
+        room = self.budget - self.fixed
+        room -= sum(self._unit_size(u) if u.protected else self._placeholder_size(u) for u in before)
         suffix = sum(weights)
         position = 0
         for point in [0, *_grid(weights, quantum, 0)[:-1]]:
             suffix -= sum(weights[position:point])
+            room -= sum(self._placeholder_size(units[i]) for i in steps[position:point])
             position = point
-            if suffix <= share:
+            if suffix <= max(share, room):
                 return steps[point]
         return steps[-1]
+
+    def _placeholder_size(self, unit: Unit) -> int:
+        """The unit's tokens with its reasoning dropped and its tool results as placeholders."""
+        total = 0
+        for i in range(unit.start, unit.end):
+            original = self.messages[i]
+            message = _placeholder(self.names, drop_reasoning(original), self._chars_per_token(i))
+            total += self.sizes[i] if message == original else self.counter.message(message)
+        return total
 
     def _ladder(self) -> list[_Level]:
         """Levels 1..: reasoning, each trim cap, placeholder, each truncate cap, media (0: original).
@@ -484,7 +504,7 @@ class _Fitter:
         for cap in self.options.tool_result_caps:
             levels.append(_Level("tool_results", 1, partial(_trim, names, cap)))
         levels.append(_Level("tool_results", 1, partial(_placeholder, names)))
-        placeholders = len(levels) - 1
+        placeholders = self.placeholder_level = len(levels) - 1
         for cap in self.options.truncate_caps:
             levels.append(_Level("truncate", placeholders, partial(_truncate, cap)))
         levels.append(_Level("truncate", len(levels) - 1, lambda m, _: omit_media(m)))
@@ -507,7 +527,17 @@ class _Fitter:
             self.densities[index] = max(0.5, text_chars(message) / max(1, tokens))
         return self.densities[index]
 
+    def _effective(self, k: int, level: int) -> int:
+        """Older steps of the latest turn skip the trim rungs: aged out of the recent window, a
+        step goes straight to its placeholder form, so no later rung change re-sends it."""
+        if k >= self.first_step and 0 < level < self.placeholder_level:
+            return self.placeholder_level
+        return level
+
     def form(self, k: int, level: int) -> tuple[Form, int]:
+        return self._form(k, self._effective(k, level))
+
+    def _form(self, k: int, level: int) -> tuple[Form, int]:
         key = (k, level)
         if key not in self.forms:
             unit = self.old[k]
@@ -516,7 +546,7 @@ class _Fitter:
                 self.forms[key] = (tuple(originals), sum(self.sizes[unit.start : unit.end]))
             else:
                 rung = self.levels[level]
-                base, base_tokens = self.form(k, rung.base)
+                base, base_tokens = self._form(k, rung.base)
                 form = tuple(
                     rung.transform(message, self._chars_per_token(i))
                     for message, i in zip(base, range(unit.start, unit.end), strict=True)
@@ -535,9 +565,10 @@ class _Fitter:
 
     def _stages_of(self, k: int, level: int) -> set[str]:
         stages: set[str] = set()
+        level = self._effective(k, level)
         while level > 0:
             rung = self.levels[level]
-            form, base = self.form(k, level)[0], self.form(k, rung.base)[0]
+            form, base = self._form(k, level)[0], self._form(k, rung.base)[0]
             if any(a is not b for a, b in zip(form, base, strict=True)):
                 stages.add(rung.stage)
             level = rung.base

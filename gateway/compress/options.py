@@ -48,8 +48,10 @@ class CompressionOptions:
     recent_steps_ratio: in the latest turn, the steps after the user message
         (an agent loop: each assistant tool call with its results) are
         protected from the newest back, at least the newest one, as long as
-        they fit within this share of the budget; older steps are compressed
-        and dropped like older turns, oldest first. The boundary moves on the
+        they fit within this share of the budget, or further while they fit
+        the room left with every older message at its placeholder form.
+        Older steps go straight to their placeholder form (the call stays)
+        and are dropped like older turns, oldest first. The boundary moves on the
         `cut_quantum` grid (by whole quanta of the turn's steps), so
         consecutive requests of a loop keep sharing their prefix.
     fill_quantum: the rung that fits (one cap, or a placeholder, for every old

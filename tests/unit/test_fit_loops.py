@@ -164,6 +164,37 @@ def test_growing_loop_shares_its_prefix_step_after_step() -> None:
     assert sum(shares) / len(shares) >= 0.85
 
 
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_the_newest_steps_take_the_room_the_older_ones_leave_as_placeholders(style: str) -> None:
+    """Issue 9: with the newest steps held to half the budget, loops used a median of 67% of it."""
+    messages = loop(40, style)
+    budget = COUNTER.messages(messages) // 3
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    whole = [m for m in result.messages[2:] if any(m is original for original in messages)]
+    assert COUNTER.messages(whole) > CompressionOptions().recent_steps_ratio * budget
+    # Unused: less than a quantum of the window's grid and the step that crosses it.
+    step = COUNTER.messages(messages[-2:])
+    assert result.tokens_after >= (1 - CompressionOptions().cut_quantum) * budget - step
+    # Every older step is still there as its call, its result a placeholder.
+    assert len([m for m in result.messages if m["role"] == "assistant"]) == 40
+    assert "drop_turns" not in result.stages
+
+
+def test_an_aged_step_changes_form_once_on_a_growing_loop() -> None:
+    """Whole while recent, then its placeholder: never a trim first, which a later rung re-sends."""
+    messages = loop(80)
+    budget = COUNTER.messages(messages) // 3
+    forms: dict[int, set[str]] = {step: set() for step in range(80)}
+    for n in range(1, 81):
+        result = fit(messages[: 2 + 2 * n], model=MODEL, budget_tokens=budget)
+        assert "drop_turns" not in result.stages
+        for message in result.messages[2:]:
+            if message["role"] == "tool":
+                forms[int(message["tool_call_id"].removeprefix("call_"))].add(message["content"])
+    assert all(len(seen) <= 2 for seen in forms.values())
+    assert sum(len(seen) == 2 for seen in forms.values()) >= 40  # most of the loop aged out
+
+
 def test_the_marker_is_made_from_the_dropped_span() -> None:
     span = loop(3)[2:]
     assert omitted_marker(span) == {
