@@ -56,7 +56,8 @@ class CompressionOptions:
         consecutive requests of a loop keep sharing their prefix.
     fill_quantum: the rung that fits (one cap, or a placeholder, for every old
         tool output) can leave much of the budget unused; the room left goes to
-        the newest old turns and steps, which stay at the rung before it. Where
+        the newest old turns, which stay at the rung before it (aged steps
+        of an agent loop are placeholders at least). Where
         that starts moves on a grid of this share of the budget (in the sizes
         at the fitting rung), only forward as the conversation grows, so the
         prompt keeps its prefix between moves. A finer grid uses more of the
