@@ -22,7 +22,8 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
                   A summary stands for exactly what was dropped, so where to
                   cut never depends on it: the room is reserved either way
   6 protected     trim protected messages, largest first, the newest step
-                  last, or refuse
+                  last, or refuse; what the trim leaves free takes the
+                  newest dropped turns and steps back
 Stages 1–5 never touch system or developer messages, the latest user message
 or the recent steps of its turn.
 
@@ -946,10 +947,32 @@ class _Fitter:
                 )
                 best = min(best, total)
                 if total <= self.target:
-                    return self._result(levels, head=0, cut=n, protected=shrunk, accounts=False)
+                    cut = self._refilled(levels, self.target - total)
+                    return self._result(levels, head=0, cut=cut, protected=shrunk, accounts=False)
                 if cap == floor:
                     break
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
+
+    def _refilled(self, levels: list[int], room: int) -> int:
+        """Where to cut the history once protected messages fit with all of it dropped.
+
+        A halving cap overshoots: what it leaves free takes the newest old
+        turns and steps back at `levels`, from the newest while they fit, so a
+        loop whose newest result had to be cut still shows the calls before it.
+        """
+        n = len(self.old)
+        empty = self._marker_tokens(0, n, accounts=False)
+        kept = 0
+        cut = n
+        for k in range(n - 1, -1, -1):
+            kept += self.form(k, levels[k])[1]
+            unit = self.old[k]
+            if not (unit.turn_start or unit.step or k == 0):
+                continue  # whole turns and steps come back, as they go
+            if kept + self._marker_tokens(0, k, accounts=False) - empty > room:
+                break
+            cut = k
+        return cut
 
     def _shrink_protected(self, index: int, cap: int) -> Message:
         """The message trimmed to about `cap` tokens, never below the floor (a promise).

@@ -118,10 +118,27 @@ def test_the_protected_stage_trims_the_largest_first_and_the_newest_step_last() 
     messages = [system, TASK, *openai_step(0, 300), *openai_step(1, 150)]
     budget = COUNTER.messages([TASK, *messages[-2:]]) + 600  # the newest step fits, the system prompt not
     result = fit(messages, model=MODEL, budget_tokens=budget)
-    assert result.stages == ("drop_turns", "protected")
     assert result.messages[0]["role"] == "system" and result.messages[0] != system
     assert result.messages[1] is TASK
     assert result.messages[-2] is messages[-2] and result.messages[-1] is messages[-1]
+    # What the trim left free brings the older step back, its result a placeholder.
+    assert result.stages == ("tool_results", "protected")
+    assert result.messages[2] is messages[2]
+    assert result.messages[3]["content"].startswith("[context-gateway: output of tool `grep` omitted")
+    assert result.tokens_after <= budget
+
+
+def test_room_a_trimmed_newest_step_leaves_brings_older_steps_back() -> None:
+    """Issue 9: a newest result bigger than the budget was cut, and every call before it dropped."""
+    messages = loop(25, lines=30)
+    messages[-1] = {**messages[-1], "content": output(24, 2_000)}  # the newest result alone overflows
+    budget = COUNTER.messages(messages[-2:]) // 2
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert "protected" in result.stages and result.tokens_after <= budget
+    assert result.messages[-1] != messages[-1] and result.messages[:2] == [SYSTEM, TASK]
+    calls = [m for m in result.messages if m["role"] == "assistant"]
+    assert len(calls) >= 20  # of 25: the newest and most of those before it
+    assert validate_chat_messages(result.messages) is None
 
 
 def test_refused_only_when_system_task_and_newest_step_cannot_fit_at_the_floor() -> None:
