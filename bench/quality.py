@@ -18,8 +18,9 @@ Then agent loops (one task answered by 25, 60 and 160 tool steps of varied
 tools and sizes, both wire formats, half of them after three earlier turns) at
 1/1.5, 1/3 and 1/6 of their size: fits, strict-valid, task message intact,
 newest result intact, share of the three newest intact (median), share of
-tool calls still present (as calls), budget use, refusals, and prefix
-stability over growing loops that send a request after every step; against
+tool calls still present (as calls), budget use of each loop's last request,
+refusals, and over growing loops that send a request after every step: budget
+use (median over every request that needed compression) and prefix stability; against
 keep-newest and progressive-cap. `--option KEY=VALUE` runs context-gateway
 with another compression setting (as in config/gateway.example.yaml), to
 weigh budget use against cache stability.
@@ -311,17 +312,22 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
     return result
 
 
-def loop_stability(method: Method, loop: AgentLoop, ratio: float) -> float:
-    """Prefix stability over the loop's every request, at a budget of its final size / ratio."""
+def loop_stability(method: Method, loop: AgentLoop, ratio: float) -> tuple[float, list[float]]:
+    """Prefix stability over the loop's every request, at a budget of its final size / ratio, and
+    the budget use of each request that did not fit as it was."""
     budget = int(COUNTER.messages(loop.messages) / ratio)
     outputs = []
+    uses = []
     for request in loop_requests(loop):
         try:
-            outputs.append(method(request, budget))
+            out = method(request, budget)
         except ContextBudgetExceeded:
-            outputs.append([])
+            out = []
+        outputs.append(out)
+        if out and COUNTER.messages(request) > budget:
+            uses.append(COUNTER.messages(out) / budget)
     shares = [prefix_share(a, b) for a, b in itertools.pairwise(outputs) if a and b]
-    return statistics.fmean(shares) if shares else 0.0
+    return (statistics.fmean(shares) if shares else 0.0), uses
 
 
 def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growing_steps: int) -> None:
@@ -342,18 +348,20 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
     )
     header = (
         f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'newest':>6} {'3 new':>5} "
-        f"{'calls':>5} {'use':>5} {'refused':>7} {'prefix':>6}"
+        f"{'calls':>5} {'use':>5} {'refused':>7} {'use/step':>8} {'prefix':>6}"
     )
     print(header)
     print("-" * len(header))
     for ratio in LOOP_RATIOS:
         for name, method in methods.items():
             r = evaluate_loops(method, loops, ratio)
-            stable = statistics.fmean(loop_stability(method, loop, ratio) for loop in grown)
+            runs = [loop_stability(method, loop, ratio) for loop in grown]
+            stable = statistics.fmean(share for share, _ in runs)
+            step_uses = [use for _, uses in runs for use in uses]
             print(
                 f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
                 f"{r['task']:5.0f} {r['newest']:6.0f} {r['three']:5.0f} {r['calls']:5.0f} {r['use']:5.2f} "
-                f"{r['refused']:7.0f} "
+                f"{r['refused']:7.0f} {statistics.median(step_uses) if step_uses else 0.0:8.2f} "
                 f"{stable:6.3f}",
                 flush=True,
             )
