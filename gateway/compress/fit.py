@@ -467,9 +467,10 @@ class _Fitter:
         weights = [self._unit_size(units[i]) for i in steps]
         share = self.budget * self.options.recent_steps_ratio
         quantum = max(1, int(self.budget * self.options.cut_quantum))
-        # The room the steps could have with all older messages at their placeholder form.
+        # The room the steps could have with all older messages at their placeholder form: of
+        # the target, since a window sized to the budget leaves an aggressive fit no history.
         before = units[: steps[0]]
-        room = self.budget - self.fixed
+        room = self.target - self.fixed
         room -= sum(self._unit_size(u) if u.protected else self._placeholder_size(u) for u in before)
         suffix = sum(weights)
         position = 0

@@ -197,6 +197,19 @@ def test_the_newest_steps_take_the_room_the_older_ones_leave_as_placeholders(sty
     assert "drop_turns" not in result.stages
 
 
+def test_aggressive_mode_sizes_the_recent_window_to_its_target() -> None:
+    """Sized to the budget, the window could not fit the aggressive target with any history, and
+    the narrow last resort (the newest step alone whole) won as the smallest fit."""
+    messages = loop(40)
+    budget = COUNTER.messages(messages) // 3
+    plain = fit(messages, model=MODEL, budget_tokens=budget)
+    aggressive = fit(messages, model=MODEL, budget_tokens=budget, aggressive=True)
+    assert aggressive.tokens_after <= min(plain.tokens_after, CompressionOptions().aggressive_ratio * budget)
+    whole = [m for m in aggressive.messages if m["role"] == "tool" and any(m is o for o in messages)]
+    assert len(whole) >= 3
+    assert aggressive.tokens_after >= 0.4 * budget
+
+
 def test_an_aged_step_changes_form_once_on_a_growing_loop() -> None:
     """Whole while recent, then its placeholder: never a trim first, which a later rung re-sends."""
     messages = loop(80)
