@@ -449,15 +449,17 @@ class _Fitter:
         return sum(self.sizes[unit.start : unit.end])
 
     def _recent_steps(self, units: Sequence[Unit], narrow: bool) -> int:
-        """Index of the first protected step of the latest turn: the newest steps within the share.
+        """Index of the first protected step of the latest turn: the newest steps that fit.
 
         At least the newest step; more from a point of a grid over the turn's
         steps (where their running size from the turn's start crosses a
         multiple of the quantum), the earliest point whose steps fit the
-        share. Those points are the same for every request of a growing
-        loop, so the boundary stays put while steps append, then jumps a
-        whole quantum; it never moves back. `narrow` keeps only the newest
-        step: the last resort before trimming protected messages.
+        share, or the room left with everything before that point at its
+        placeholder form. Those points are the same for every request of a
+        growing loop, and a later request has more steps and no more room, so
+        the boundary stays put while steps append, then jumps a whole
+        quantum; it never moves back. `narrow` keeps only the newest step:
+        the last resort before trimming protected messages.
         """
         steps = [i for i, unit in enumerate(units) if unit.step]
         if not steps:
