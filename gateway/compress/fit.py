@@ -418,6 +418,7 @@ class _Fitter:
         self.before = fixed + sum(sizes)
         self.names = tool_names(list(messages))
         self.densities: dict[int, float] = {}
+        self.levels = self._ladder()
         units = group_units(messages)
         recent = self._recent_steps(units, narrow)
         # Steps of the latest turn older than the recent ones are history like older turns.
@@ -441,7 +442,6 @@ class _Fitter:
         task = [u for u in self.units if u.protected and u.turn_start]
         self.task_size = self._unit_size(task[-1]) if task else 0  # the latest user message
         self.forms: dict[tuple[int, int], tuple[Form, int]] = {}
-        self.levels = self._ladder()
         self.prefixes: dict[int, list[int]] = {}
         self.trim_caps = dict(enumerate(options.tool_result_caps, start=2))  # level -> cap
 
@@ -485,11 +485,18 @@ class _Fitter:
         return steps[-1]
 
     def _placeholder_size(self, unit: Unit) -> int:
-        """The unit's tokens with its reasoning dropped and its tool results as placeholders."""
+        """The unit's tokens at the ladder's placeholder level (its base: reasoning dropped).
+
+        Old units' forms are cached by their index among old units, which this decides, so
+        the chain is applied here rather than through `form`.
+        """
+        placeholder = self.levels[self.placeholder_level]
+        base = self.levels[placeholder.base]
         total = 0
         for i in range(unit.start, unit.end):
             original = self.messages[i]
-            message = _placeholder(self.names, drop_reasoning(original), self._chars_per_token(i))
+            cpt = self._chars_per_token(i)
+            message = placeholder.transform(base.transform(original, cpt), cpt)
             total += self.sizes[i] if message == original else self.counter.message(message)
         return total
 
