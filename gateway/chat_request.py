@@ -3,7 +3,7 @@ before anything else looks at it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -14,6 +14,7 @@ from starlette.requests import Request
 from gateway.errors import GatewayError
 from gateway.wire.base import CHAT, ChatView, WireFormat
 from gateway.wire.chat import validate_chat_body
+from gateway.wire.incremental import IncrementalParser, Validator
 
 CompressionMode = Literal["off", "auto", "aggressive"]
 COMPRESSION_HEADER = "x-gateway-compression"
@@ -27,6 +28,8 @@ class ChatRequest:
     stream: bool
     mode: CompressionMode
     wire: WireFormat = field(default=CHAT)
+    # Each message's compact JSON when the parse wrote it (chat completions): the count compares it.
+    encoded: tuple[bytes, ...] | None = field(default=None, compare=False)
 
     @cached_property
     def view(self) -> ChatView:
@@ -55,19 +58,27 @@ def body_too_large(limit: int) -> GatewayError:
     )
 
 
+# One per wire format: a head validated as one format's messages is not another's.
+PARSERS: dict[str, IncrementalParser] = {}
+
+
 def parse_chat_request(
     raw: bytes,
     headers: Mapping[str, str],
     *,
-    validate: Callable[[object], None] = validate_chat_body,
+    validate: Validator = validate_chat_body,
     wire: WireFormat = CHAT,
 ) -> ChatRequest:
-    """Parse and validate a body of `wire`'s format (chat completions unless told otherwise)."""
+    """Parse and validate a body of `wire`'s format (chat completions unless told otherwise),
+    reusing the parsed head of its conversation's previous body (`wire/incremental.py`)."""
+    parser = PARSERS.get(wire.name)
+    if parser is None:
+        parser = PARSERS[wire.name] = IncrementalParser(wire.prompt_field)
     try:
-        payload = orjson.loads(raw)
+        parsed = parser.parse(raw, validate)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}.") from None
-    validate(payload)
+    payload = parsed.payload
     return ChatRequest(
         raw=raw,
         payload=payload,
@@ -75,6 +86,7 @@ def parse_chat_request(
         stream=payload.get("stream") is True,
         mode=compression_mode(headers),
         wire=wire,
+        encoded=parsed.encoded if wire is CHAT else None,
     )
 
 

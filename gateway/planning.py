@@ -100,7 +100,7 @@ async def plan_request(
             budget = runtime.settings.budget.usable(window.tokens, counted)
         if cap is not None and (budget is None or cap < budget):
             budget, capped = cap, True
-    lookup = request_lookup(counter, counted)
+    lookup = request_lookup(counter, counted, chat.encoded)
     if lookup.missing_bytes >= INLINE_COUNT_BYTES and (
         budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget))
     ):
@@ -119,6 +119,7 @@ async def plan_request(
         return plan
     if client_gone is not None and await client_gone():
         raise ClientDisconnect
+    counter.keep_warm(lookup)
     if len(chat.raw) > FIT_IN_THREAD_BYTES:
         plan = await asyncio.to_thread(_fitted_plan, runtime, chat, counter, tokens, budget)
     else:

@@ -11,6 +11,7 @@ import pytest
 
 import gateway  # noqa: F401  (offline tiktoken before anything loads it)
 from gateway.app import create_app
+from gateway.chat_request import PARSERS
 from gateway.server.run import server_options
 from gateway.settings import load_settings
 from gateway.tokens.counter import CALIBRATION, CONVERSATIONS, MESSAGE_COUNTS
@@ -30,10 +31,12 @@ def isolated_process_state() -> Iterator[None]:
     CALIBRATION.clear()
     MESSAGE_COUNTS.clear()
     CONVERSATIONS.clear()
+    PARSERS.clear()
     yield
     CALIBRATION.clear()
     MESSAGE_COUNTS.clear()
     CONVERSATIONS.clear()
+    PARSERS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ from gateway.summarize.summarizer import Charge
 from gateway.upstream import UpstreamReply
 from gateway.wire.base import CHAT, WireFormat
 from gateway.wire.chat import validate_chat_body
+from gateway.wire.incremental import Validator
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class Dialect:
     # Where the request goes, with which credentials, for the caller's team (None: no teams).
     upstream: Callable[[Runtime, Request, Team | None], Upstreaming]
     wire: WireFormat = CHAT
-    validate: Callable[[object], None] = validate_chat_body
+    validate: Validator = validate_chat_body
     plan: Planner = plan_default
     retry: RetryPlanner = compressed_retry
     # An error inside a stream, in the API's own event shape.

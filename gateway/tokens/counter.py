@@ -121,24 +121,25 @@ class TokenCounter:
         lookup = self.lookup([message])
         return lookup.cached + self._tokenize_missing(lookup)
 
-    def lookup(self, messages: Sequence[Any], *, conversation: bool = False) -> Lookup:
+    def lookup(
+        self, messages: Sequence[Any], *, conversation: bool = False, encoded: Sequence[bytes] | None = None
+    ) -> Lookup:
         """What is known of each message, without tokenizing. A `conversation` (a whole message
-        list) first takes the head it shares with a remembered one (`prefixes.py`); the other
+        list) first takes the head it shares with a remembered one (`prefixes.py`), comparing
+        each message's compact JSON (`encoded` when the parse wrote it already); the other
         messages are keyed for the count cache."""
         lookup = Lookup(messages, [0] * len(messages), [None] * len(messages))
         start = 0
         if conversation and len(messages) > OPENING_MESSAGES:  # shorter: nothing to share beyond its opening
             lookup.opening = self._opening(lookup)
         if lookup.opening is not None:
-            lookup.encoded = Encoded(messages)
+            lookup.encoded = Encoded(messages, encoded)
             remembered, start = self._conversations.longest(lookup.opening, lookup.encoded)
             lookup.remembered, lookup.shared = remembered, start
             if remembered is not None:
                 lookup.counts[:start] = remembered.counts[:start]
                 lookup.keys[:start] = remembered.keys[:start]
                 lookup.cached = sum(remembered.counts[:start])
-                # Fitting counts message by message: keep the shared head warm in the cache.
-                self._cache.refresh(remembered.keys[:start], remembered.counts[:start])
         for index in range(start, len(messages)):
             message = messages[index]
             if not isinstance(message, Mapping):  # malformed body: counted as its JSON, uncached
@@ -155,6 +156,14 @@ class TokenCounter:
                 lookup.counts[index] = count
                 lookup.cached += count
         return lookup
+
+    def keep_warm(self, lookup: Lookup) -> None:
+        """Put the shared head's counts back in the count cache before a fit, which counts message
+        by message (only then: on the usual request, one that fits, it would be wasted work)."""
+        if lookup.remembered is not None:
+            self._cache.refresh(
+                lookup.remembered.keys[: lookup.shared], lookup.remembered.counts[: lookup.shared]
+            )
 
     def _opening(self, lookup: Lookup) -> CacheKey | None:
         """A conversation's opening: its first two messages (an app's system prompt alone would
@@ -289,10 +298,13 @@ def counter_for(model: str) -> TokenCounter:
     return TokenCounter(model)
 
 
-def request_lookup(counter: TokenCounter, body: Mapping[str, Any]) -> Lookup:
-    """The lookup of a request's messages, as a conversation: hashing and comparing, no tokenizing."""
+def request_lookup(
+    counter: TokenCounter, body: Mapping[str, Any], encoded: Sequence[bytes] | None = None
+) -> Lookup:
+    """The lookup of a request's messages, as a conversation: hashing and comparing, no tokenizing
+    (`encoded`: each message's compact JSON, when known)."""
     messages = body.get("messages")
-    return counter.lookup(messages if isinstance(messages, list) else [], conversation=True)
+    return counter.lookup(messages if isinstance(messages, list) else [], conversation=True, encoded=encoded)
 
 
 async def finish_count_async(counter: TokenCounter, body: Mapping[str, Any], lookup: Lookup) -> int:

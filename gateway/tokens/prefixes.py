@@ -50,11 +50,13 @@ class Remembered:
 
 class Encoded:
     """A request's messages as JSON, each written once, when a comparison first needs it
-    (None for a message that has no JSON: not serializable)."""
+    (None for a message that has no JSON: not serializable), or all given by the parse."""
 
-    def __init__(self, messages: Sequence[Any]) -> None:
+    def __init__(self, messages: Sequence[Any], written: Sequence[bytes] | None = None) -> None:
         self.messages = messages
-        self.done: list[bytes | None] = []
+        self.done: list[bytes | None] = (
+            list(written) if written is not None and len(written) == len(messages) else []
+        )
 
     def __len__(self) -> int:
         return len(self.messages)

@@ -26,7 +26,7 @@ from gateway.wire.chat import (
 ROLES = ("user", "assistant")
 
 
-def validate_messages_body(payload: object) -> None:
+def validate_messages_body(payload: object, known: int = 0) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a Messages body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
@@ -48,8 +48,8 @@ def validate_messages_body(payload: object) -> None:
             else (f"Invalid type for 'messages': expected an array, but got {json_type(messages)} instead."),
             param="messages",
         )
-    for index, message in enumerate(messages):
-        _message(message, f"messages[{index}]")
+    for index in range(known, len(messages)):  # the first `known` were validated before
+        _message(messages[index], f"messages[{index}]")
     check_object_array(payload, "tools")
     check_depth(payload)
 

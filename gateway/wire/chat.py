@@ -55,7 +55,7 @@ _OBJECT_FIELDS: Final = {
 }
 
 
-def validate_chat_body(payload: object) -> None:
+def validate_chat_body(payload: object, known: int = 0) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a chat-completions body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
@@ -69,8 +69,8 @@ def validate_chat_body(payload: object) -> None:
             else f"Invalid type for 'messages': expected an array, but got {json_type(messages)} instead.",
             param="messages",
         )
-    for index, message in enumerate(messages):
-        _message(message, f"messages[{index}]")
+    for index in range(known, len(messages)):  # the first `known` were validated before
+        _message(messages[index], f"messages[{index}]")
     check_optional(payload, "stream", bool, "a boolean")
     check_optional(payload, "stream_options", dict, "an object")
     check_optional(payload, "response_format", dict, "an object")

@@ -36,7 +36,7 @@ _ITEM_STRINGS = {
 }
 
 
-def validate_responses_body(payload: object) -> None:
+def validate_responses_body(payload: object, known: int = 0) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a Responses body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
@@ -64,8 +64,8 @@ def validate_responses_body(payload: object) -> None:
     if items is not None and not isinstance(items, str):
         if not isinstance(items, list):
             raise invalid_type("input", items, "a string or an array of input items")
-        for index, item in enumerate(items):
-            _item(item, f"input[{index}]")
+        for index in range(known, len(items)):  # the first `known` were validated before
+            _item(items[index], f"input[{index}]")
     check_object_array(payload, "tools")
     check_depth(payload)
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gateway  # noqa: F401  (offline tiktoken cache)
+from gateway.chat_request import parse_chat_request
 from gateway.tokens import cache as cache_module
 from gateway.tokens.cache import CountCache
 from gateway.tokens.calibration import Calibration
@@ -74,13 +75,17 @@ def test_a_growing_agent_loop_keys_and_tokenizes_only_its_new_step(monkeypatch: 
     assert counter.finish_request(body, lookup) == fresh().request(body)
 
 
-def test_the_head_stays_warm_in_the_count_cache_for_fitting() -> None:
+def test_the_head_is_put_back_in_the_count_cache_before_a_fit() -> None:
     shared = CountCache(max_entries=60)  # room for the conversation and one round of other traffic
     counter = TokenCounter("gpt-4o", calibration=Calibration(), cache=shared)
     for steps in range(1, 12):
-        counter.request({"messages": reparsed(agent(steps))})
+        body = {"messages": reparsed(agent(steps))}
+        lookup = request_lookup(counter, body)
+        counter.finish_request(body, lookup)
         for other in range(20):  # other traffic: over the steps, enough to push an untouched head out
             shared.put((b"other", steps, other), 1)
+    assert len(shared) == 60 and shared.get(lookup.keys[2]) is None  # type: ignore[arg-type]  # pushed out
+    counter.keep_warm(lookup)  # what the planner does before fitting
     # Fitting counts the same messages one by one: all found, nothing tokenized again.
     spy = SpyEncoding(counter.encoding)
     counter.encoding = spy  # type: ignore[assignment]
@@ -181,3 +186,19 @@ def test_a_number_rewritten_as_another_type_is_a_new_message() -> None:
     for variant in (1.0, True):
         body = with_input(variant)
         assert counter.request(body) == fresh().request(body)
+
+
+def test_the_parse_s_json_spares_the_comparison_writing_it_again(monkeypatch: Any) -> None:
+    """The incremental parse hands over each message's JSON (the head's as the previous request's
+    very bytes objects): the head is recognised without serializing a message, counts exact."""
+    counter = fresh()
+    written: list[Any] = []
+    for steps in (30, 31):
+        chat = parse_chat_request(orjson.dumps({"model": "gpt-4o", "messages": agent(steps)}), {})
+        assert chat.encoded is not None
+        monkeypatch.setattr(Encoded, "_write_next", written.append)
+        lookup = request_lookup(counter, chat.payload, chat.encoded)
+        monkeypatch.undo()
+        assert written == []
+        assert counter.finish_request(chat.payload, lookup) == fresh().request(chat.payload)
+    assert lookup.shared == 62  # the 30 steps' messages and the opening, by identity

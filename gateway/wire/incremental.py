@@ -1,0 +1,221 @@
+"""Parsing a growing conversation's body in proportion to its new part.
+
+An agent sends its whole conversation again after every step: the body of the
+next request is the last one's bytes up to its newest message, then a few new
+messages. Parsing and validating the repeated head again cost most of the
+gateway's own work on a 100 KB body. Here the head is recognised by its bytes
+and its parsed, validated messages are taken from the last request instead.
+
+A body is remembered when its prompt list (`messages`, or `input`) is laid
+out as orjson writes it (compact, key order kept: what httpx, the OpenAI and
+Anthropic SDKs and `JSON.stringify` send): each message's JSON is then a
+slice of the body, checked with `startswith` at its offset. A later body
+that starts with the same bytes up to the end of message k is parsed with
+those k messages cut out and one marker value put in their place: the
+marker, a random integer nobody outside the process can know, must come
+back as the first element of the parsed prompt list, which proves the cut
+was that list's head, not a look-alike elsewhere in the body (a duplicate
+key, a nested field). The k remembered objects then replace it. Anything
+unexpected — the marker missing, invalid JSON, a validation error, whose
+message names indices — falls back to parsing the whole body.
+
+The messages are shared between requests, so nothing may mutate a parsed
+payload's messages (nothing does: compression and the wire formats build new
+ones, which the compression property tests check). Bodies under
+`MIN_BODY_BYTES` are parsed whole: the gain is in proportion to the size.
+Conversations are found by their first `KEY_BYTES`; each such opening keeps
+its `PER_OPENING` most recent conversations, and the store is bounded by the
+JSON bytes it holds (`DEFAULT_MAX_BYTES`), least recently used first out.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from gateway.errors import GatewayError
+
+MIN_BODY_BYTES: Final = 16 * 1024
+KEY_BYTES: Final = 4096
+PER_OPENING: Final = 8
+DEFAULT_MAX_BYTES: Final = 32 * 1024 * 1024
+
+# Validates a payload whose first `known` prompt entries were validated before.
+Validator = Callable[[object, int], None]
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity
+class Head:
+    """A body as remembered: its bytes, where its prompt list starts, and each entry laid out as
+    orjson writes it (where it ends in the body, its JSON, its parsed object)."""
+
+    raw: bytes
+    start: int
+    ends: tuple[int, ...]
+    encoded: tuple[bytes, ...]
+    messages: tuple[Any, ...]
+
+    @property
+    def size(self) -> int:
+        """The bytes held: the body, and its entries' JSON once more."""
+        return len(self.raw) + self.ends[-1] - self.start
+
+    def shared_with(self, raw: bytes) -> int:
+        """How many leading entries `raw` has byte for byte as this body has them: all (it grew from
+        this one), all but the newest (a retry, an edit of the newest), or none as far as this
+        is concerned (an older entry was rewritten: the body is parsed whole). Two comparisons at
+        most, so a body costs at most `PER_OPENING` × 2 passes of memcmp over it."""
+        body, count = memoryview(self.raw), len(self.ends)
+        if raw.startswith(body[: self.ends[-1]]):
+            return count
+        if count > 1 and raw.startswith(body[: self.ends[-2]]):
+            return count - 1
+        return 0
+
+
+@dataclass(frozen=True)
+class Parsed:
+    payload: dict[str, Any]
+    # Each prompt entry's compact JSON, when the body was laid out that way (the count compares it).
+    encoded: tuple[bytes, ...] | None = None
+    reused: int = 0  # leading entries taken from an earlier request
+
+
+class IncrementalParser:
+    def __init__(self, field: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.field = field
+        self._key_prefix = b'"' + field.encode() + b'":['
+        self._max_bytes = max_bytes
+        self._size = 0
+        self._openings: OrderedDict[int, list[Head]] = OrderedDict()
+        self._marker = secrets.randbits(62)
+        self._marker_bytes = str(self._marker).encode()
+
+    def parse(self, raw: bytes, validate: Validator) -> Parsed:
+        """The validated payload of `raw`; raises what `orjson.loads` or `validate` raise."""
+        if len(raw) < MIN_BODY_BYTES:
+            return Parsed(_whole(raw, validate))
+        key = hash(raw[:KEY_BYTES])
+        found, shared = self._longest(key, raw)
+        if found is not None:
+            parsed = self._with_head(raw, key, found, shared, validate)
+            if parsed is not None:
+                return parsed
+        payload = _whole(raw, validate)
+        entries = payload.get(self.field)
+        if not isinstance(entries, list) or not entries:
+            return Parsed(payload)
+        encoded = _encoded(entries)
+        if encoded is None:
+            return Parsed(payload)
+        start = raw.find(self._key_prefix + encoded[0])
+        if start < 0:
+            return Parsed(payload, encoded)  # not laid out as orjson writes it: nothing to find next time
+        start += len(self._key_prefix)
+        ends = _ends(raw, start, encoded)
+        laid_out = len(ends)
+        self._remember(key, Head(raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out])), None)
+        return Parsed(payload, encoded)
+
+    def _with_head(self, raw: bytes, key: int, head: Head, shared: int, validate: Validator) -> Parsed | None:
+        start, end = head.start, head.ends[shared - 1]
+        try:
+            payload = orjson.loads(b"".join((raw[:start], self._marker_bytes, raw[end:])))
+        except orjson.JSONDecodeError:
+            return None
+        entries = payload.get(self.field) if isinstance(payload, dict) else None
+        if not isinstance(entries, list) or not entries:
+            return None
+        first = entries[0]
+        if type(first) is not int or first != self._marker:
+            return None  # the cut was not the head of the prompt list the body is read with
+        try:
+            validate(payload, 1)
+        except GatewayError:
+            return None  # parsed whole again, for an error that names the right index
+        new = entries[1:]
+        entries[:] = [*head.messages[:shared], *new]
+        tail = _encoded(new)
+        if tail is None:
+            return Parsed(payload, reused=shared)
+        encoded = head.encoded[:shared] + tail
+        # The new entries are remembered as far as they too are laid out as orjson writes them.
+        ends = head.ends[:shared] + (_ends(raw, end + 1, tail) if raw[end : end + 1] == b"," else ())
+        laid_out = len(ends)
+        grown = Head(raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out]))
+        replaces = head if shared >= len(head.ends) - 1 else None
+        self._remember(key, grown, replaces)
+        return Parsed(payload, encoded, shared)
+
+    def _longest(self, key: int, raw: bytes) -> tuple[Head | None, int]:
+        """The remembered body sharing the most leading entries with `raw`, and how many."""
+        candidates = self._openings.get(key)
+        if candidates is None:
+            return None, 0
+        self._openings.move_to_end(key)
+        best: Head | None = None
+        best_shared = 0
+        for head in candidates:  # newest first
+            shared = head.shared_with(raw)
+            if shared > best_shared:
+                best, best_shared = head, shared
+                if shared == len(head.ends):
+                    break  # the newest conversation this body continues
+        return best, best_shared
+
+    def _remember(self, key: int, head: Head, replaces: Head | None) -> None:
+        if not head.encoded:
+            return
+        candidates = self._openings.setdefault(key, [])
+        self._openings.move_to_end(key)
+        if replaces is not None and replaces in candidates:
+            candidates.remove(replaces)
+            self._size -= replaces.size
+        candidates.insert(0, head)
+        self._size += head.size
+        while len(candidates) > PER_OPENING:
+            self._size -= candidates.pop().size
+        while self._size > self._max_bytes and self._openings:
+            _, evicted = self._openings.popitem(last=False)
+            self._size -= sum(entry.size for entry in evicted)
+
+    def clear(self) -> None:
+        self._openings.clear()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return sum(len(candidates) for candidates in self._openings.values())
+
+
+def _whole(raw: bytes, validate: Validator) -> dict[str, Any]:
+    payload = orjson.loads(raw)
+    validate(payload, 0)
+    return payload  # type: ignore[no-any-return]  # validate refuses anything but an object
+
+
+def _encoded(entries: Sequence[Any]) -> tuple[bytes, ...] | None:
+    try:
+        return tuple(orjson.dumps(entry) for entry in entries)
+    except TypeError:
+        return None
+
+
+def _ends(raw: bytes, start: int, encoded: Sequence[bytes]) -> tuple[int, ...]:
+    """Where each of the leading `encoded` that follow each other in `raw` from `start`,
+    comma-separated, ends."""
+    ends: list[int] = []
+    offset = start
+    for entry in encoded:
+        if not raw.startswith(entry, offset):
+            break
+        end = offset + len(entry)
+        ends.append(end)
+        if raw[end : end + 1] != b",":
+            break
+        offset = end + 1
+    return tuple(ends)
