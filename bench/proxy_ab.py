@@ -1,8 +1,8 @@
 """This checkout's gateway against another checkout's, beside the aiohttp floor: proxy CPU per request.
 
     git worktree add --detach /tmp/baseline <commit>
-    python bench/proxy_ab.py /tmp/baseline [--size large] [--stream] [--concurrency 8]
-                             [--rounds 15] [--requests 600]
+    python bench/proxy_ab.py /tmp/baseline [--api chat|anthropic|responses] [--size large]
+                             [--stream] [--concurrency 8] [--rounds 15] [--requests 600]
 
 bench/proxy_overhead.py measures one checkout against the floors; a change's
 gain is smaller than the difference between two of its runs on this noisy
@@ -10,8 +10,9 @@ machine (2 cores shared by client, upstream and proxies). Here both gateways
 (`python -m gateway.cli serve`, each started in its own checkout) and the
 floor run side by side: many short rounds, the targets in a rotating order
 within each, and every figure the median over rounds of CPU time (utime +
-stime) per request. Requests are bench/proxy_payloads.py's chat bodies, each
-with a new latest message, so the count cache behaves as in production.
+stime) per request. Requests are bench/proxy_payloads.py's bodies (chat unless
+`--api` says otherwise), each with a new latest message, so the count cache
+behaves as in production.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 from proxy_overhead import FLOOR_AIOHTTP, cpu_seconds, fire, rotated
-from proxy_payloads import build
+from proxy_payloads import APIS, build
 from servers import REPO, Server, bench_environment, gateway_environment, start, stop
 
 SETTLE_SECONDS = 0.05  # the last responses' bookkeeping lands before CPU times are read
@@ -69,7 +70,7 @@ def servers(baseline: Path, logs: Path) -> dict[str, Server]:
 
 
 async def measure(running: dict[str, Server], args: argparse.Namespace) -> dict[str, list[float]]:
-    payload = build(args.size, args.stream)
+    payload = build(args.size, args.stream, args.api)
     targets = (FLOOR_AIOHTTP, "baseline", "this checkout")
     per_round: dict[str, list[float]] = {target: [] for target in targets}
     nonce = 0
@@ -104,6 +105,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("baseline", type=Path, help="another checkout of this project (e.g. a git worktree)")
+    parser.add_argument("--api", choices=APIS, default="chat", help="which API's bodies to send")
     parser.add_argument("--size", choices=("small", "large"), default="large")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--concurrency", type=int, default=8)
@@ -121,7 +123,7 @@ def main() -> int:
                 stop(server)
     floor = statistics.median(per_round[FLOOR_AIOHTTP])
     print(
-        f"chat {args.size}, stream={'yes' if args.stream else 'no'}, concurrency {args.concurrency}: "
+        f"{args.api} {args.size}, stream={'yes' if args.stream else 'no'}, concurrency {args.concurrency}: "
         f"median of {args.rounds} rounds of {args.requests} requests per target"
     )
     print(f"{'target':<14} {'CPU/req ms':>10} {'× floor':>8}")

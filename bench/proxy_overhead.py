@@ -121,10 +121,7 @@ def servers(logs: Path) -> Iterator[dict[str, Server]]:
         for name, client in ((FLOOR_HTTPX, "httpx"), (FLOOR_AIOHTTP, "aiohttp")):
             argv = [str(BENCH / "proxy_floors.py"), "--client", client, "--upstream", upstream.origin]
             running[name] = start(name, argv, health="/healthz", env=env, logs=logs)
-        gateway_env = {
-            **gateway_environment(upstream),
-            "GATEWAY_UPSTREAM_ANTHROPIC_BASE_URL": upstream.origin,
-        }
+        gateway_env = gateway_environment(upstream)
         running[GATEWAY] = start(
             GATEWAY, ["-m", "gateway.cli", "serve"], health="/healthz", env=gateway_env, logs=logs
         )

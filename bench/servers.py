@@ -41,10 +41,12 @@ def bench_environment() -> dict[str, str]:
 
 
 def gateway_environment(upstream: Server) -> dict[str, str]:
-    """`bench_environment()` for a gateway in front of `upstream`, logging warnings only."""
+    """`bench_environment()` for a gateway in front of `upstream` (for every API it serves),
+    logging warnings only."""
     return {
         **bench_environment(),
         "GATEWAY_UPSTREAM_BASE_URL": upstream.origin + "/v1",
+        "GATEWAY_UPSTREAM_ANTHROPIC_BASE_URL": upstream.origin,
         "GATEWAY_SERVER_LOG_LEVEL": "warning",
     }
 

@@ -28,13 +28,32 @@ class ChatRequest:
     stream: bool
     mode: CompressionMode
     wire: WireFormat = field(default=CHAT)
-    # Each message's compact JSON when the parse wrote it (chat completions): the count compares it.
+    # Each prompt entry's compact JSON, when the parse wrote it (`wire/incremental.py`).
     encoded: tuple[bytes, ...] | None = field(default=None, compare=False)
 
     @cached_property
     def view(self) -> ChatView:
         """The prompt as compress/ and the counter see it (chat-shaped, whatever the wire format)."""
         return self.wire.view(self.payload)
+
+    @cached_property
+    def view_encoded(self) -> tuple[bytes, ...] | None:
+        """Each of the view's messages as compact JSON, for the count's comparison: the parse's,
+        where the view holds the very entries parsed (chat completions; Messages, after the
+        system prompt it puts first), None where it built others (Responses)."""
+        entries = self.payload.get(self.wire.prompt_field)
+        messages = self.view.messages
+        added = len(messages) - len(self.encoded or ())
+        if self.encoded is None or not isinstance(entries, list) or len(entries) != len(self.encoded):
+            return None
+        if added < 0:
+            return None
+        if any(ours is not theirs for ours, theirs in zip(messages[added:], entries, strict=True)):
+            return None
+        try:
+            return tuple(orjson.dumps(message) for message in messages[:added]) + self.encoded
+        except TypeError:
+            return None
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -86,7 +105,7 @@ def parse_chat_request(
         stream=payload.get("stream") is True,
         mode=compression_mode(headers),
         wire=wire,
-        encoded=parsed.encoded if wire is CHAT else None,
+        encoded=parsed.encoded,
     )
 
 

@@ -100,7 +100,7 @@ async def plan_request(
             budget = runtime.settings.budget.usable(window.tokens, counted)
         if cap is not None and (budget is None or cap < budget):
             budget, capped = cap, True
-    lookup = request_lookup(counter, counted, chat.encoded)
+    lookup = request_lookup(counter, counted, chat.view_encoded)
     if lookup.missing_bytes >= INLINE_COUNT_BYTES and (
         budget is None or (chat.mode != "aggressive" and _fits_by_bytes(counter, chat.raw, budget))
     ):

@@ -17,6 +17,10 @@ from gateway.tokens.cache import CountCache
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import TokenCounter, request_lookup
 from gateway.tokens.prefixes import ConversationPrefixes, Encoded
+from gateway.wire.anthropic import ANTHROPIC
+from gateway.wire.anthropic_validation import validate_messages_body
+from gateway.wire.responses import RESPONSES
+from gateway.wire.responses_validation import validate_responses_body
 from tests.unit.test_tokens_cost import SpyEncoding
 
 
@@ -202,3 +206,21 @@ def test_the_parse_s_json_spares_the_comparison_writing_it_again(monkeypatch: An
         assert written == []
         assert counter.finish_request(chat.payload, lookup) == fresh().request(chat.payload)
     assert lookup.shared == 62  # the 30 steps' messages and the opening, by identity
+
+
+def test_each_wire_format_s_view_takes_the_parse_s_json_where_it_holds_the_parsed_entries() -> None:
+    turns = [{"role": role, "content": f"{role} says " * 2000} for role in ("user", "assistant", "user")]
+    messages_body = {"model": "claude-sonnet-4-5", "max_tokens": 10, "system": "Be brief.", "messages": turns}
+    raw = orjson.dumps(messages_body)
+    chat = parse_chat_request(raw, {}, validate=validate_messages_body, wire=ANTHROPIC)
+    # The view puts the system prompt first, then holds the parsed messages themselves.
+    assert chat.view_encoded == tuple(orjson.dumps(message) for message in chat.view.messages)
+    assert chat.view_encoded is not None and chat.view_encoded[1:] == chat.encoded
+    lookup = request_lookup(fresh("claude-sonnet-4-5"), chat.view.counted, chat.view_encoded)
+    assert lookup.encoded is not None and lookup.encoded.done[1:] == list(chat.encoded or ())
+    # Responses items become new chat-shaped messages: nothing to take.
+    responses_body = {"model": "gpt-4o", "instructions": "Be brief.", "input": turns}
+    chat = parse_chat_request(
+        orjson.dumps(responses_body), {}, validate=validate_responses_body, wire=RESPONSES
+    )
+    assert chat.encoded is not None and chat.view_encoded is None
