@@ -46,8 +46,8 @@ class ChatRequest:
         added = len(messages) - len(self.encoded or ())
         if self.encoded is None or not isinstance(entries, list) or len(entries) != len(self.encoded):
             return None
-        if added < 0:
-            return None
+        if added < 0 or (entries and messages[-1] is not entries[-1]):
+            return None  # (the newest first: a view of new messages fails there at once)
         if any(ours is not theirs for ours, theirs in zip(messages[added:], entries, strict=True)):
             return None
         try:

@@ -18,7 +18,9 @@ conversation that quotes an overflow message must not read as an overflow.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -532,7 +534,9 @@ def _walk(root: object, scan: _Scan) -> None:
             scan.numbers.setdefault(key, value)
 
 
-def _scan(payload: bytes) -> _Scan:
+def _scan(payload: bytes, *, errors_only: bool = False) -> _Scan:
+    """The payload's text lines and numbers; with `errors_only`, the lines only when it is shaped
+    as an error (a stream's ordinary events, which may name a null "error", are not walked)."""
     head = payload[:_SCAN_LIMIT]
     scan = _Scan()
     try:
@@ -542,7 +546,8 @@ def _scan(payload: bytes) -> _Scan:
         scan.lines.append(head.decode("utf-8", errors="replace"))
         return scan
     scan.error_object = _is_error_object(document)
-    _walk(document, scan)
+    if scan.error_object or not errors_only:
+        _walk(document, scan)
     return scan
 
 
@@ -605,16 +610,21 @@ def classify_overflow(status: int, body: bytes) -> Overflow | None:
     return _match(scan, status)
 
 
-def _sse_payloads(chunk: bytes) -> list[bytes]:
-    """The data of each SSE event, per the spec: data lines joined, events split on blank lines."""
-    events: list[bytes] = []
+def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
+    """The data of each SSE event, per the spec: data lines joined, events split on blank lines;
+    as they come, so that reading the first few does not split the whole chunk."""
     data: list[bytes] = []
     saw_data = False
-    for raw_line in chunk.split(b"\n"):
-        line = raw_line.rstrip(b"\r")
+    start = 0
+    while start <= len(chunk):
+        end = chunk.find(b"\n", start)
+        if end < 0:
+            end = len(chunk)
+        line = chunk[start:end].rstrip(b"\r")
+        start = end + 1
         if not line:
             if data:
-                events.append(b"\n".join(data))
+                yield b"\n".join(data)
                 data = []
             continue
         if line.startswith(b"data:"):
@@ -622,9 +632,9 @@ def _sse_payloads(chunk: bytes) -> list[bytes]:
             value = line[5:]
             data.append(value[1:] if value.startswith(b" ") else value)
     if data:
-        events.append(b"\n".join(data))
-    # Some servers answer a streamed request with a bare JSON error body.
-    return events if saw_data else [chunk]
+        yield b"\n".join(data)
+    elif not saw_data:
+        yield chunk  # some servers answer a streamed request with a bare JSON error body
 
 
 def classify_stream_error(chunk: bytes) -> Overflow | None:
@@ -638,10 +648,10 @@ def classify_stream_error(chunk: bytes) -> Overflow | None:
     # Every error shape names "error"; most streams never do, and skip the parse entirely.
     if b"error" not in head:
         return None
-    for payload in _sse_payloads(head)[:_MAX_STREAM_EVENTS]:
+    for payload in itertools.islice(_sse_payloads(head), _MAX_STREAM_EVENTS):
         if b"error" not in payload or payload.strip() == b"[DONE]":
             continue
-        scan = _scan(payload)
+        scan = _scan(payload, errors_only=True)
         if not scan.error_object:
             continue
         overflow = _match(scan, None)

@@ -55,7 +55,7 @@ MEASURED_FIELDS = (
 )
 SERVER_TRUNCATION = "server_truncation"
 PREAMBLE_EVENTS = (b"response.created", b"response.in_progress")
-_EVENT_TYPE = re.compile(rb'^data: ?\{"type": ?"([^"]{1,80})"', re.MULTILINE)
+_EVENT_TYPE = re.compile(rb'data: ?\{"type": ?"([^"]{1,80})"')
 
 
 def server_state(chat: ChatRequest) -> bool:
@@ -134,7 +134,18 @@ def _error_event(message: str, code: str) -> bytes:
 
 
 def _past_preamble(head: bytes) -> bool:
-    return any(kind not in PREAMBLE_EVENTS for kind in _EVENT_TYPE.findall(head))
+    """Does the head hold an event after the two every stream opens with? Each event's data line
+    is found with `find` and its type read there: the opening events echo the whole request's
+    settings, which a regex scanning every line start would walk through byte by byte."""
+    start = 0
+    while (found := head.find(b"data:", start)) >= 0:
+        start = found + 5
+        if found and head[found - 1] != 0x0A:  # not at a line start: inside some value
+            continue
+        event = _EVENT_TYPE.match(head, found)
+        if event is not None and event[1] not in PREAMBLE_EVENTS:
+            return True
+    return False
 
 
 responses = prompt_endpoint(

@@ -6,6 +6,7 @@ import orjson
 
 from gateway.overflow import classify_stream_error
 from gateway.relay import prompt_tokens, prompt_tokens_from_sse_tail, usage_from_json
+from gateway.routes.responses import _past_preamble
 from tests.fakes import anthropic_api, responses_api
 from tests.fakes.answers import Identity, Usage
 
@@ -54,3 +55,19 @@ def test_completed_stream_mentioning_context_is_no_overflow() -> None:
         }
     ]
     assert classify_stream_error(b"".join(responses_api.events(IDENTITY, {}, output, Usage(1, 1)))) is None
+
+
+def test_a_responses_stream_head_is_complete_once_past_its_two_opening_events() -> None:
+    """The opening events echo the request's settings (here a long instruction): the first
+    event after them completes the head, wherever a chunk boundary falls."""
+    output = [
+        {"type": "message", "id": "m", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]}
+    ]
+    settings = {"instructions": "data: looks like an event\n" * 200}
+    events = responses_api.events(IDENTITY, settings, output, Usage(5, 1))
+    opening = b"".join(events[:2])
+    assert not _past_preamble(opening)
+    assert not _past_preamble(opening + events[2][:12])  # the third event cut before its type
+    assert _past_preamble(opening + events[2])
+    failed = b"".join(responses_api.failed_events(IDENTITY, settings))
+    assert _past_preamble(failed)
