@@ -518,8 +518,15 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as logs, servers(Path(logs)) as running:
         print("servers ready; warming up and measuring …", file=sys.stderr, flush=True)
-        samples, tokens = uvloop.run(measure(running, plan))
-        rates = uvloop.run(throughput(running, plan))
+        try:
+            samples, tokens = uvloop.run(measure(running, plan))
+            rates = uvloop.run(throughput(running, plan))
+        except RuntimeError:
+            # A target answered an error: its log (gone with the temporary folder) says why.
+            for server in running.values():
+                print(f"--- {server.name} ({server.origin}), end of its log:", file=sys.stderr)
+                print(server.log.read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
         report(samples, running, plan, tokens)
         report_throughput(rates, plan)
     print(f"(run took {time.perf_counter() - started:.0f} s)")
