@@ -12,11 +12,11 @@ Only fields the gateway interprets are held to a shape, and only as strictly as 
 API holds them (an OpenAI-compatible upstream accepts no less). Fields it merely forwards
 (``temperature``, vendor extensions, unknown message keys) are left to the upstream.
 
-Work is linear in the number of messages and content parts. Nesting is bounded twice: content
-blocks inside ``tool_result`` blocks (the one place the counter and the engine recurse into
-client structure) at `MAX_CONTENT_DEPTH`, and any value at `MAX_JSON_DEPTH`, the depth orjson
-can write back (a compressed body is re-serialized with it); the second check runs only when
-the body holds enough brackets to be that deep, which a byte count decides at C speed.
+Work is linear in the number of messages and content parts; messages an earlier request's
+body already held are not checked again (`known`, see `incremental.py`). Nesting is bounded
+twice: content blocks inside ``tool_result`` blocks (the one place the counter and the engine
+recurse into client structure) at `MAX_CONTENT_DEPTH`, and any value at `MAX_JSON_DEPTH`, the
+depth orjson can write back (a compressed body is re-serialized with it), by one serialization.
 """
 
 from __future__ import annotations
