@@ -21,7 +21,6 @@ threads, hence the lock.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -29,6 +28,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.openings import Openings
 from gateway.tokens.cache import CacheKey
 
 DEFAULT_MAX_BYTES: Final = 32 * 1024 * 1024
@@ -85,19 +85,13 @@ class Encoded:
 
 class ConversationPrefixes:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self._max_bytes = max_bytes
-        self._size = 0
-        self._openings: OrderedDict[CacheKey, list[Remembered]] = OrderedDict()
+        self._openings: Openings[Remembered] = Openings(PER_OPENING, max_bytes)
         self._lock = threading.Lock()
 
     def longest(self, opening: CacheKey, messages: Encoded) -> tuple[Remembered | None, int]:
         """The remembered conversation sharing the most leading messages with `messages`, and how many."""
         with self._lock:
-            candidates = self._openings.get(opening)
-            if candidates is None:
-                return None, 0
-            self._openings.move_to_end(opening)
-            candidates = list(candidates)
+            candidates = self._openings.newest_first(opening)
         best: Remembered | None = None
         best_shared = 0
         for candidate in candidates:  # newest first
@@ -113,23 +107,16 @@ class ConversationPrefixes:
         or rewrote the newest message of (a conversation that branched off earlier keeps its own
         entry beside it: both may go on)."""
         with self._lock:
-            candidates = self._openings.setdefault(opening, [])
-            self._openings.move_to_end(opening)
-            if replaces is not None and replaces in candidates:
-                candidates.remove(replaces)
-                self._size -= replaces.size
-            candidates.insert(0, conversation)
-            self._size += conversation.size
-            while len(candidates) > PER_OPENING:
-                self._size -= candidates.pop().size
-            while self._size > self._max_bytes and self._openings:
-                _, evicted = self._openings.popitem(last=False)
-                self._size -= sum(entry.size for entry in evicted)
+            self._openings.remember(opening, conversation, replaces)
 
     def clear(self) -> None:
         with self._lock:
             self._openings.clear()
-            self._size = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        return self._openings.size
 
     def __len__(self) -> int:
-        return sum(len(candidates) for candidates in self._openings.values())
+        return len(self._openings)

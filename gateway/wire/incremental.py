@@ -34,7 +34,6 @@ Used from the event loop only, hence no lock.
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -42,6 +41,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.openings import Openings
 
 MIN_BODY_BYTES: Final = 16 * 1024
 KEY_BYTES: Final = 4096
@@ -94,9 +94,7 @@ class IncrementalParser:
     def __init__(self, field: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.field = field
         self._key_prefix = b'"' + field.encode() + b'":['
-        self._max_bytes = max_bytes
-        self._size = 0
-        self._openings: OrderedDict[int, list[Head]] = OrderedDict()
+        self._openings: Openings[Head] = Openings(PER_OPENING, max_bytes)
         self._marker = secrets.randbits(62)
         self._marker_bytes = str(self._marker).encode()
 
@@ -158,13 +156,9 @@ class IncrementalParser:
 
     def _longest(self, key: int, raw: bytes) -> tuple[Head | None, int]:
         """The remembered body sharing the most leading entries with `raw`, and how many."""
-        candidates = self._openings.get(key)
-        if candidates is None:
-            return None, 0
-        self._openings.move_to_end(key)
         best: Head | None = None
         best_shared = 0
-        for head in candidates:  # newest first
+        for head in self._openings.newest_first(key):
             shared = head.shared_with(raw)
             if shared > best_shared:
                 best, best_shared = head, shared
@@ -173,27 +167,16 @@ class IncrementalParser:
         return best, best_shared
 
     def _remember(self, key: int, head: Head, replaces: Head | None) -> None:
-        if not head.encoded:
-            return
-        candidates = self._openings.setdefault(key, [])
-        self._openings.move_to_end(key)
-        if replaces is not None and replaces in candidates:
-            candidates.remove(replaces)
-            self._size -= replaces.size
-        candidates.insert(0, head)
-        self._size += head.size
-        while len(candidates) > PER_OPENING:
-            self._size -= candidates.pop().size
-        while self._size > self._max_bytes and self._openings:
-            _, evicted = self._openings.popitem(last=False)
-            self._size -= sum(entry.size for entry in evicted)
+        if head.encoded:
+            self._openings.remember(key, head, replaces)
 
-    def clear(self) -> None:
-        self._openings.clear()
-        self._size = 0
+    @property
+    def size(self) -> int:
+        """Bytes held (the parsed messages estimated)."""
+        return self._openings.size
 
     def __len__(self) -> int:
-        return sum(len(candidates) for candidates in self._openings.values())
+        return len(self._openings)
 
 
 def _whole(raw: bytes, validate: Validator) -> dict[str, Any]:

@@ -15,29 +15,9 @@ from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import TokenCounter
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
+from tests.integration.test_agent_loop_route import _loop
 
 MODEL = "gpt-4o-mini"
-
-
-def _loop(steps: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent. Keep the tests green. " * 40},
-        {"role": "user", "content": "Task T-4471: make the parser tests pass."},
-    ]
-    for step in range(steps):
-        call = f"call_{step}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": call, "type": "function", "function": {"name": "run_tests", "arguments": "{}"}}
-                ],
-            }
-        )
-        log = "\n".join(f"tests/test_parser.py::test_case_{step}_{n} PASSED [{n:3d}%] é" for n in range(60))
-        messages.append({"role": "tool", "tool_call_id": call, "content": log})
-    return messages
 
 
 def _send(url: str, messages: list[dict[str, Any]]) -> Any:

@@ -145,7 +145,7 @@ def test_the_store_is_bounded_by_the_bytes_it_holds() -> None:
         body = {"messages": reparsed(agent(2, task=f"task {number}"))}
         counter.request(body)
         openings.append((request_lookup(counter, body).opening, body["messages"]))
-    held = sum(entry.size for entries in store._openings.values() for entry in entries)
+    held = store.size
     assert held <= 10_000 and len(store) >= 2
     # The newest conversations are the ones kept.
     newest, oldest = openings[-1], openings[0]

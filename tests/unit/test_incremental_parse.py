@@ -154,7 +154,7 @@ def test_the_store_is_bounded() -> None:
     for number in range(40):
         parser.parse(body(conversation(8, task=f"task {number}")), validate_chat_body)
     assert len(parser) <= PER_OPENING  # one opening (the system prompt's first 4 KB)
-    held = sum(head.size for heads in parser._openings.values() for head in heads)
+    held = parser.size
     assert held <= 400_000
     # The newest conversation is the one found again.
     newest = conversation(8, task="task 39")
