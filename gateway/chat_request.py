@@ -41,17 +41,19 @@ class ChatRequest:
         """Each of the view's messages as compact JSON, for the count's comparison: the parse's,
         where the view holds the very entries parsed (chat completions; Messages, after the
         system prompt it puts first), None where it built others (Responses)."""
-        entries = self.payload.get(self.wire.prompt_field)
-        messages = self.view.messages
-        added = len(messages) - len(self.encoded or ())
-        if self.encoded is None or not isinstance(entries, list) or len(entries) != len(self.encoded):
+        encoded, entries = self.encoded, self.payload.get(self.wire.prompt_field)
+        if encoded is None or not isinstance(entries, list) or len(entries) != len(encoded):
             return None
-        if added < 0 or (entries and messages[-1] is not entries[-1]):
-            return None  # (the newest first: a view of new messages fails there at once)
-        if any(ours is not theirs for ours, theirs in zip(messages[added:], entries, strict=True)):
+        messages = self.view.messages
+        added = len(messages) - len(entries)
+        if added < 0:
+            return None
+        # Compared from the newest: a view of new messages fails at once.
+        newest_first = zip(reversed(messages), reversed(entries), strict=False)  # the view may have more
+        if any(ours is not theirs for ours, theirs in newest_first):
             return None
         try:
-            return tuple(orjson.dumps(message) for message in messages[:added]) + self.encoded
+            return tuple(orjson.dumps(message) for message in messages[:added]) + encoded
         except TypeError:
             return None
 
