@@ -214,8 +214,8 @@ def edited(previous: list[dict[str, Any]], edit: str, number: int) -> tuple[list
         messages += step(number)
     elif edit == "retry":
         messages[-1] = {"role": "user", "content": f"again {number}"}
-    elif edit == "rewrite_old":
-        messages[2] = {**messages[2], "content": f"rewritten {number}"}
+    elif edit == "rewrite_old":  # the oldest message after the system prompt (shrink keeps two)
+        messages[1] = {**messages[1], "content": f"rewritten {number}"}
     elif edit == "bad_new":
         return messages, body([*messages, {"role": "user", "content": 5}])
     elif edit == "duplicate_key":
