@@ -40,7 +40,9 @@ class ChatRequest:
     def view_encoded(self) -> tuple[bytes, ...] | None:
         """Each of the view's messages as compact JSON, for the count's comparison: the parse's,
         where the view holds the very entries parsed (chat completions; Messages, after the
-        system prompt it puts first), None where it built others (Responses)."""
+        system prompt it puts first), or the view's own (Responses: `wire/responses_memory.py`)."""
+        if self.view.encoded is not None:
+            return self.view.encoded
         encoded, entries = self.encoded, self.payload.get(self.wire.prompt_field)
         if encoded is None or not isinstance(entries, list) or len(entries) != len(encoded):
             return None

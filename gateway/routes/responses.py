@@ -35,7 +35,7 @@ from gateway.routes.prompt import (
 )
 from gateway.runtime import Runtime
 from gateway.tokens.counter import count_request_async, counter_for
-from gateway.wire.responses import RESPONSES
+from gateway.wire.responses import SERVED_RESPONSES
 from gateway.wire.responses_validation import validate_responses_body
 
 SERVER_STATE_FIELDS = ("previous_response_id", "conversation")
@@ -151,7 +151,7 @@ def _past_preamble(head: bytes) -> bool:
 responses = prompt_endpoint(
     Dialect(
         upstream=openai_upstream("/v1/responses"),
-        wire=RESPONSES,
+        wire=SERVED_RESPONSES,
         validate=validate_responses_body,
         plan=_plan,
         retry=_retry,

@@ -19,12 +19,15 @@ class ChatView:
     counter and the budget. `state` is whatever the format needs to write
     fitted messages back. `fittable` is False when the request is laid out
     so that fitting it could orphan a pair: it is then forwarded as it is.
+    `encoded`, when the format knows it, is each message's compact JSON, for
+    the count's comparison with the conversation's last request.
     """
 
     messages: list[Message]
     counted: Mapping[str, Any]
     state: Any = field(default=None, compare=False)
     fittable: bool = True
+    encoded: tuple[bytes, ...] | None = field(default=None, compare=False)
 
 
 def counted_body(messages: list[Message], tools: object, max_tokens: object) -> dict[str, Any]:

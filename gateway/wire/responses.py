@@ -28,11 +28,14 @@ rather than risk an orphan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from gateway.wire.base import ChatView, Message, counted_body
+from gateway.wire.responses_memory import Conversions, Converted
 
 ORIGIN = "x_context_gateway_origin"
 USER_SIDE_ROLES = frozenset({"user", "system", "developer"})
@@ -47,7 +50,7 @@ class _Layout:
     has_instructions: bool
     fittable: bool = True
     # Chat messages this view produced for runs and outputs, by the id() of the message.
-    produced: dict[int, list[int]] = field(default_factory=dict)
+    produced: dict[int, range] = field(default_factory=dict)
 
 
 def item_type(item: Mapping[str, Any]) -> object:
@@ -62,6 +65,11 @@ class ResponsesInput:
     name = "responses"
     prompt_field = "input"
 
+    def __init__(self, conversions: Conversions | None = None) -> None:
+        # Only where nothing mutates items between requests (the route's parsed bodies): the
+        # memory recognises a conversation's items by identity, not by value.
+        self.conversions = conversions
+
     def view(self, payload: Mapping[str, Any]) -> ChatView:
         raw = payload.get("input")
         items: list[Any] = (
@@ -75,37 +83,78 @@ class ResponsesInput:
         has_instructions = isinstance(instructions, str) and bool(instructions)
         layout = _Layout(items, isinstance(raw, str), has_instructions)
         chat: list[Message] = [{"role": "system", "content": instructions}] if has_instructions else []
-        chat += self._messages(layout)
+        converted = self._converted(layout)
+        chat += converted.messages
         counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"))
-        return ChatView(chat, counted, layout, layout.fittable)
+        encoded: tuple[bytes, ...] | None = None
+        if layout.fittable and len(converted.encoded) == len(converted.messages):
+            # Only the instructions' system message may come first: a dict of strings.
+            encoded = (*map(orjson.dumps, chat[: len(chat) - len(converted.messages)]), *converted.encoded)
+        return ChatView(chat, counted, layout, layout.fittable, encoded)
 
-    def _messages(self, layout: _Layout) -> list[Message]:
+    def _converted(self, layout: _Layout) -> Converted:
+        """The chat messages of `layout`'s items. With a memory: those of a known head as the last
+        request made them (`responses_memory.py`), then the new items', with each message's JSON,
+        remembered for the next request."""
+        items, conversions = layout.items, self.conversions
+        known, reused = conversions.longest(items) if conversions is not None else (None, 0)
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        messages, ends, _, origins, _, encoded = columns
+        if known is not None:
+            for column, remembered in zip(columns, known.columns, strict=True):
+                column += remembered[:reused]
+            layout.produced = {id(m): origin for m, origin in zip(messages, origins, strict=True) if origin}
+        for made in self._messages(layout, ends[-1] if ends else 0):
+            for column, value in zip(columns, made, strict=False):  # all but the JSON, written below
+                column.append(value)
+        if not layout.fittable:
+            return Converted((), (), (), (), (), (), ())
+        if conversions is None:
+            return Converted((), tuple(messages), (), (), (), (), ())
+        try:
+            encoded += map(orjson.dumps, messages[len(encoded) :])
+        except TypeError:
+            return Converted((), tuple(messages), (), (), (), (), ())
+        converted = Converted(tuple(items), *map(tuple, columns))
+        if len(messages) > reused:
+            # It replaces the conversation it grew from (which may have ended in a run it continued).
+            grew = known is not None and reused >= len(known.messages) - 1
+            conversions.remember(converted, known if grew else None)
+        return converted
+
+    def _messages(
+        self, layout: _Layout, start: int
+    ) -> Iterator[tuple[Message, int, bool, range | None, bool]]:
+        """Each chat message made from the items from `start` on (every call before it answered):
+        the message, the index after its items, whether it is a run, the items it stands for, and
+        whether every call is answered after it. Marks the layout not fittable, and stops, where
+        an output does not follow its call's run."""
         items = layout.items
-        out: list[Message] = []
         pending: set[object] = set()  # call ids of the last run not yet answered
-        i = 0
+        i = start
         while i < len(items):
             item = items[i]
             if not isinstance(item, Mapping):
                 layout.fittable = False
-                return []
+                return
             if _user_side(item):
                 if pending:
                     layout.fittable = False
-                    return []
-                out.append(item)
+                    return
                 i += 1
+                yield item, i, False, None, True
                 continue
             if item_type(item) in OUTPUT_TYPES:
                 if item.get("call_id") not in pending:
                     layout.fittable = False
-                    return []
+                    return
                 pending.discard(item.get("call_id"))
                 message = {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
                 message[ORIGIN] = i
-                layout.produced[id(message)] = [i]
-                out.append(message)
+                origin = range(i, i + 1)
+                layout.produced[id(message)] = origin
                 i += 1
+                yield message, i, False, origin, not pending
                 continue
             end = i
             while (
@@ -116,16 +165,15 @@ class ResponsesInput:
                 end += 1
             if pending:
                 layout.fittable = False
-                return []
+                return
             run = self._run(items, i, end)
             pending = {call["id"] for call in run.get("tool_calls", ())}
-            layout.produced[id(run)] = list(range(i, end))
-            out.append(run)
+            origin = range(i, end)
+            layout.produced[id(run)] = origin
             i = end
+            yield run, end, True, origin, not pending
         if pending:
             layout.fittable = False
-            return []
-        return out
 
     @staticmethod
     def _run(items: Sequence[Any], start: int, end: int) -> dict[str, Any]:
@@ -215,3 +263,5 @@ def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
 
 
 RESPONSES = ResponsesInput()
+# The route's: its bodies' items come from the parse, shared between requests and never mutated.
+SERVED_RESPONSES = ResponsesInput(Conversions())

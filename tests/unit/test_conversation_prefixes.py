@@ -218,7 +218,8 @@ def test_each_wire_format_s_view_takes_the_parse_s_json_where_it_holds_the_parse
     assert chat.view_encoded is not None and chat.view_encoded[1:] == chat.encoded
     lookup = request_lookup(fresh("claude-sonnet-4-5"), chat.view.counted, chat.view_encoded)
     assert lookup.encoded is not None and lookup.encoded.done[1:] == list(chat.encoded or ())
-    # Responses items become new chat-shaped messages: nothing to take.
+    # Responses items become new chat-shaped messages: nothing of the parse's to take (the route's
+    # view writes its own: test_responses_memory.py).
     responses_body = {"model": "gpt-4o", "instructions": "Be brief.", "input": turns}
     chat = parse_chat_request(
         orjson.dumps(responses_body), {}, validate=validate_responses_body, wire=RESPONSES
