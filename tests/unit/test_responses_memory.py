@@ -145,3 +145,14 @@ def test_the_memory_never_changes_what_a_view_makes(
             items = [*items, step(2000 + serial)[1]]
         payload = {**body, "input": items}
         same_as_fresh(wire.view(payload), payload)
+
+
+def test_the_memory_stays_within_its_bytes() -> None:
+    conversions = Conversions(max_bytes=200_000)
+    wire = ResponsesInput(conversions)
+    for task in range(40):
+        items = loop_body(3)["input"]
+        items[0] = {"role": "user", "content": f"task {task}"}
+        wire.view({"model": GPT, "input": items})
+    assert 0 < conversions.size <= 200_000
+    assert len(conversions) < 40
