@@ -2,7 +2,7 @@
 
     git worktree add --detach /tmp/baseline <commit>
     python bench/proxy_ab.py /tmp/baseline [--api chat|anthropic|responses] [--size large]
-                             [--stream] [--concurrency 8] [--rounds 15] [--requests 600]
+                             [--stream] [--tools N] [--concurrency 8] [--rounds 15] [--requests 600]
 
 bench/proxy_overhead.py measures one checkout against the floors; a change's
 gain is smaller than the difference between two of its runs on this noisy
@@ -70,7 +70,7 @@ def servers(baseline: Path, logs: Path) -> dict[str, Server]:
 
 
 async def measure(running: dict[str, Server], args: argparse.Namespace) -> dict[str, list[float]]:
-    payload = build(args.size, args.stream, args.api)
+    payload = build(args.size, args.stream, args.api, args.tools)
     targets = (FLOOR_AIOHTTP, "baseline", "this checkout")
     per_round: dict[str, list[float]] = {target: [] for target in targets}
     nonce = 0
@@ -108,6 +108,7 @@ def main() -> int:
     parser.add_argument("--api", choices=APIS, default="chat", help="which API's bodies to send")
     parser.add_argument("--size", choices=("small", "large"), default="large")
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--tools", type=int, default=0, help="more tool definitions of ~1 KB each")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--requests", type=int, default=600, help="requests per target per round")
@@ -123,7 +124,8 @@ def main() -> int:
                 stop(server)
     floor = statistics.median(per_round[FLOOR_AIOHTTP])
     print(
-        f"{args.api} {args.size}, stream={'yes' if args.stream else 'no'}, concurrency {args.concurrency}: "
+        f"{args.api} {args.size}, stream={'yes' if args.stream else 'no'}, {args.tools} more tools, "
+        f"concurrency {args.concurrency}: "
         f"median of {args.rounds} rounds of {args.requests} requests per target"
     )
     print(f"{'target':<14} {'CPU/req ms':>10} {'× floor':>8}")

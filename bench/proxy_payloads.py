@@ -97,6 +97,29 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
+def agent_tools(count: int) -> list[dict[str, Any]]:
+    """`count` more definitions of about 1 KB each, as coding agents send a dozen or more."""
+    rng = random.Random("agent-tools")
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{number}",
+                "description": _text(rng, 60),
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        name: {"type": kind, "description": _text(rng, 15)}
+                        for name, kind in (("path", "string"), ("line", "integer"), ("pattern", "string"))
+                    },
+                    "required": ["path"],
+                },
+            },
+        }
+        for number in range(count)
+    ]
+
+
 def large_messages(rng: random.Random) -> list[dict[str, Any]]:
     """An agent session: system prompt, five turns with a tool call each, then the new question."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 400)}]
@@ -149,11 +172,11 @@ class Payload:
         return len(self.head) + NONCE_WIDTH + len(self.tail)
 
 
-def build(size: str, stream: bool, api: str = "chat") -> Payload:
+def build(size: str, stream: bool, api: str = "chat", extra_tools: int = 0) -> Payload:
     # The same seed whatever `stream` is: the two differ only in their stream fields.
     rng = random.Random(f"proxy-overhead-{size}")
     messages = small_messages(rng) if size == "small" else large_messages(rng)
-    tools = TOOLS if size == "large" else []
+    tools = (TOOLS if size == "large" else []) + agent_tools(extra_tools)
     body: dict[str, Any]
     if api == "anthropic":
         body = to_anthropic(messages, CLAUDE_MODEL)

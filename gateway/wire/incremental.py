@@ -15,18 +15,30 @@ those k messages cut out and one marker value put in their place: the
 marker, a random integer nobody outside the process can know, must come
 back as the first element of the parsed prompt list, which proves the cut
 was that list's head, not a look-alike elsewhere in the body (a duplicate
-key, a nested field). The k remembered objects then replace it. Anything
+key, a nested field). The k remembered objects then replace it.
+
+What follows the prompt list repeats as well: an agent's tool definitions
+(often 10-30 KB, in the SDKs' key order after the messages) and settings.
+When a body ends with the same bytes, from the `]` closing its list, as the
+body it continues, those bytes are cut too and replaced by a marker member
+(a random key) closing the object: it must come back as the parsed object's
+last member, which proves the cut ends a list in the top-level object, where
+the remembered bytes were parsed before. The members they set are then set
+again, one by one as a parse sets them (a member repeated from before the
+list keeps its place and takes the later value), unless they set the prompt
+list itself again: that body is parsed the other way. Anything
 unexpected — the marker missing, invalid JSON, a validation error, whose
 message names indices — falls back to parsing the whole body.
 
-The messages are shared between requests, so nothing may mutate a parsed
-payload's messages (nothing does: compression and the wire formats build new
+The messages (and the members after them) are shared between requests, so
+nothing may mutate a parsed payload's values (nothing does: compression and the wire formats build new
 ones, which the compression property tests check). Bodies under
 `MIN_BODY_BYTES` are parsed whole: the gain is in proportion to the size.
 Conversations are found by their first `KEY_BYTES`; each such opening keeps
 its `PER_OPENING` most recent conversations, and the store is bounded by the
 bytes it holds (`DEFAULT_MAX_BYTES`), least recently used first out. A body
-costs at most `PER_OPENING` × 2 memcmp passes over it before its parse, and
+costs at most `PER_OPENING` × 2 memcmp passes over it before its parse, one
+more for its end, and
 a body that fails the reuse is parsed whole: work stays linear in its size.
 Used from the event loop only, hence no lock.
 """
@@ -36,6 +48,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final
 
 import orjson
@@ -62,12 +75,26 @@ class Head:
     ends: tuple[int, ...]
     encoded: tuple[bytes, ...]
     messages: tuple[Any, ...]
+    # From the `]` closing the prompt list to the body's end, when every entry is laid out.
+    tail: bytes = b""
+
+    @cached_property
+    def trailing(self) -> dict[str, Any] | None:
+        """The members after the prompt list, as the body's parse set them (None: not an object's
+        members). Parsed the first time a body reuses them."""
+        if not self.tail.startswith(b"],"):
+            return None
+        try:
+            members = orjson.loads(b"{" + self.tail[2:])
+        except orjson.JSONDecodeError:
+            return None
+        return members if isinstance(members, dict) else None
 
     @property
     def size(self) -> int:
-        """The bytes held: the body, its entries' JSON once more, and their parsed objects
-        (taken to be about as large as their JSON)."""
-        return len(self.raw) + 2 * (self.ends[-1] - self.start)
+        """The bytes held: the body, its entries' JSON once more, their parsed objects (taken to
+        be about as large as their JSON), and the members after the list, as bytes and parsed."""
+        return len(self.raw) + 2 * (self.ends[-1] - self.start) + 2 * len(self.tail)
 
     def shared_with(self, raw: bytes) -> int:
         """How many leading entries `raw` has byte for byte as this body has them: all (it grew from
@@ -97,6 +124,8 @@ class IncrementalParser:
         self._openings: Openings[Head] = Openings(PER_OPENING, max_bytes)
         self._marker = secrets.randbits(62)
         self._marker_bytes = str(self._marker).encode()
+        self._marker_key = f"x-gateway-{secrets.token_hex(8)}"
+        self._marker_member = b'],"' + self._marker_key.encode() + b'":0}'
 
     def parse(self, raw: bytes, validate: Validator) -> Parsed:
         """The validated payload of `raw`; raises what `orjson.loads` or `validate` raise."""
@@ -121,13 +150,26 @@ class IncrementalParser:
         start += len(self._key_prefix)
         ends = _ends(raw, start, encoded)
         laid_out = len(ends)
-        self._remember(key, Head(raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out])), None)
+        head = Head(
+            raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out]), _tail(raw, ends, len(entries))
+        )
+        self._remember(key, head, None)
         return Parsed(payload, encoded)
 
     def _with_head(self, raw: bytes, key: int, head: Head, shared: int, validate: Validator) -> Parsed | None:
         start, end = head.start, head.ends[shared - 1]
+        # The members after the prompt list (tool definitions, settings) repeat too: when the body
+        # ends with the same bytes, they are cut as well (module docstring).
+        cut = len(raw) - len(head.tail)
+        trailing = head.trailing if head.tail and cut >= end and raw.endswith(head.tail) else None
+        if trailing is not None and self.field in trailing:
+            trailing = None  # a second prompt list after the first: the whole parse decides
+        if trailing is None:
+            text = b"".join((raw[:start], self._marker_bytes, raw[end:]))
+        else:
+            text = b"".join((raw[:start], self._marker_bytes, raw[end:cut], self._marker_member))
         try:
-            payload = orjson.loads(b"".join((raw[:start], self._marker_bytes, raw[end:])))
+            payload = orjson.loads(text)
         except orjson.JSONDecodeError:
             return None
         entries = payload.get(self.field) if isinstance(payload, dict) else None
@@ -136,20 +178,37 @@ class IncrementalParser:
         first = entries[0]
         if type(first) is not int or first != self._marker:
             return None  # the cut was not the head of the prompt list the body is read with
+        if trailing is not None:
+            if next(reversed(payload)) != self._marker_key or payload.pop(self._marker_key) != 0:
+                return None
+            # Set one by one, as the parse would have: a member also set earlier keeps its place.
+            for name, value in trailing.items():
+                payload[name] = value
         try:
             validate(payload, 1)
         except GatewayError:
             return None  # parsed whole again, for an error that names the right index
         new = entries[1:]
         entries[:] = [*head.messages[:shared], *new]
-        tail = _encoded(new)
-        if tail is None:
+        added = _encoded(new)
+        if added is None:
             return Parsed(payload, reused=shared)
-        encoded = head.encoded[:shared] + tail
+        encoded = head.encoded[:shared] + added
         # The new entries are remembered as far as they too are laid out as orjson writes them.
-        ends = head.ends[:shared] + (_ends(raw, end + 1, tail) if raw[end : end + 1] == b"," else ())
+        ends = head.ends[:shared] + (_ends(raw, end + 1, added) if raw[end : end + 1] == b"," else ())
         laid_out = len(ends)
-        grown = Head(raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out]))
+        after = _tail(raw, ends, len(entries))
+        same_members = after == head.tail
+        grown = Head(
+            raw,
+            start,
+            ends,
+            encoded[:laid_out],
+            tuple(entries[:laid_out]),
+            head.tail if same_members else after,
+        )
+        if same_members and "trailing" in head.__dict__:
+            grown.__dict__["trailing"] = head.trailing  # parsed once for the conversation
         replaces = head if shared >= len(head.ends) - 1 else None
         self._remember(key, grown, replaces)
         return Parsed(payload, encoded, shared)
@@ -190,6 +249,13 @@ def _encoded(entries: Sequence[Any]) -> tuple[bytes, ...] | None:
         return tuple(orjson.dumps(entry) for entry in entries)
     except TypeError:
         return None
+
+
+def _tail(raw: bytes, ends: tuple[int, ...], entries: int) -> bytes:
+    """The body from the `]` closing the prompt list, when every entry was found laid out."""
+    if len(ends) != entries or raw[ends[-1] : ends[-1] + 1] != b"]":
+        return b""
+    return raw[ends[-1] :]
 
 
 def _ends(raw: bytes, start: int, encoded: Sequence[bytes]) -> tuple[int, ...]:

@@ -134,6 +134,61 @@ def test_the_head_in_another_field_is_not_taken_for_the_prompt() -> None:
     assert len(parsed.payload["messages"]) == 3
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{number}",
+            "description": f"Tool number {number}. " * 40,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for number in range(12)
+]
+
+
+def test_the_tool_definitions_after_the_messages_are_taken_from_the_last_body_too() -> None:
+    parser = IncrementalParser("messages")
+    messages = conversation(8)
+    parser.parse(body(messages, tools=TOOLS, stream=True), validate_chat_body)
+    tools = []
+    for steps in (8, 9, 10):
+        messages = [*messages, *step(steps)]
+        raw = body(messages, tools=TOOLS, stream=True)
+        parsed = parser.parse(raw, validate_chat_body)
+        assert parsed.reused == len(messages) - 2
+        assert parsed.payload == orjson.loads(raw)
+        assert list(parsed.payload) == ["model", "messages", "tools", "stream"]
+        tools.append(parsed.payload["tools"])
+    # Parsed once, from the first body that repeated them, then taken as they are.
+    assert tools[0] is tools[1] is tools[2]
+    # Other tools: the definitions the body holds, not the remembered ones.
+    changed = [{"type": "function", "function": {**TOOLS[0]["function"], "name": "other"}}]
+    raw = body([*messages, *step(11)], tools=changed, stream=True)
+    assert parser.parse(raw, validate_chat_body).payload == orjson.loads(raw)
+
+
+def test_members_after_the_messages_are_set_as_a_whole_parse_sets_them() -> None:
+    """Repeated keys after the prompt list: a second `model` takes the first one's place; a second
+    `messages` list is the one read, validated whole, and the one whose JSON is handed on."""
+    messages = conversation(8)
+    second_lists = (b'[{"role":"robot","content":"tiny"}]', orjson.dumps(messages))
+    for extra in (b'"model":"gpt-4o-mini"', *(b'"messages":' + second for second in second_lists)):
+        parser = IncrementalParser("messages")
+        for raw in (
+            body(messages, tools=TOOLS)[:-1] + b"," + extra + b"}",
+            body([*messages, *step(8)], tools=TOOLS)[:-1] + b"," + extra + b"}",
+        ):
+            got = outcome(lambda raw=raw, parser=parser: parser.parse(raw, validate_chat_body))  # type: ignore[misc]
+            expected = whole(raw)
+            if not isinstance(expected, dict):
+                assert got == expected
+                continue
+            assert got.payload == expected and list(got.payload) == list(expected)
+            written = tuple(orjson.dumps(message) for message in got.payload["messages"])
+            assert got.encoded is None or got.encoded == written
+
+
 def test_bodies_laid_out_otherwise_are_parsed_whole_and_remembered_nowhere() -> None:
     parser = IncrementalParser("messages")
     messages = conversation(8)
@@ -204,12 +259,27 @@ edits = st.sampled_from(
         "other_task",
         "shrink",
         "key_order",
+        "repeated_member",
+        "lookalike_tail",
     ]
 )
 
 
-def edited(previous: list[dict[str, Any]], edit: str, number: int) -> tuple[list[dict[str, Any]], bytes]:
+TAILS: list[dict[str, Any]] = [
+    {},
+    {"tools": TOOLS, "stream": False},
+    {"tools": TOOLS[:3], "temperature": 0.5},
+]
+
+
+def edited(
+    previous: list[dict[str, Any]], edit: str, number: int, tail: dict[str, Any]
+) -> tuple[list[dict[str, Any]], bytes]:
     messages = [dict(message) for message in previous]
+
+    def body(messages: list[Any]) -> bytes:
+        return orjson.dumps({"model": "gpt-4o", "messages": messages, **tail})
+
     if edit == "grow":
         messages += step(number)
     elif edit == "retry":
@@ -236,18 +306,25 @@ def edited(previous: list[dict[str, Any]], edit: str, number: int) -> tuple[list
     elif edit == "key_order":
         raw = orjson.dumps({"messages": messages, "model": "gpt-4o", "stream": number % 2 == 0})
         return messages, raw
+    elif edit == "repeated_member":  # a member set before the list set again after it
+        return messages, body([*messages, *step(number)])[:-1] + b',"model":"gpt-4o-mini"}'
+    elif edit == "lookalike_tail":  # the remembered end, after a list that is not the prompt's
+        grown = [*messages, *step(number)]
+        raw = body(grown)
+        close = len(b'{"model":"gpt-4o","messages":') + len(orjson.dumps(grown)) - 1
+        return messages, raw[:close] + b'],"other":[1' + raw[close:]
     return messages, body(messages)
 
 
-@settings(max_examples=80, deadline=None)
-@given(script=st.lists(edits, min_size=1, max_size=12))
-def test_every_body_parses_as_a_whole_parse_would(script: list[str]) -> None:
+@settings(max_examples=120, deadline=None)
+@given(script=st.lists(edits, min_size=1, max_size=12), tail=st.sampled_from(TAILS))
+def test_every_body_parses_as_a_whole_parse_would(script: list[str], tail: dict[str, Any]) -> None:
     parser = IncrementalParser("messages")
     messages = conversation(7)
-    parser.parse(body(messages), validate_chat_body)
+    parser.parse(body(messages, **tail), validate_chat_body)
     messages = [*messages, *step(7)]
-    assert parser.parse(body(messages), validate_chat_body).reused == 16  # every example reuses
+    assert parser.parse(body(messages, **tail), validate_chat_body).reused == 16  # every example reuses
     for number, edit in enumerate(script):
-        messages, raw = edited(messages, edit, number)
+        messages, raw = edited(messages, edit, number, tail)
         got = outcome(lambda raw=raw: parser.parse(raw, validate_chat_body).payload)  # type: ignore[misc]
         assert got == whole(raw), edit
