@@ -176,7 +176,7 @@ filler = st.lists(st.sampled_from(["Sounds good.", "Let me think about it.", "ok
 def test_the_newest_value_of_a_fact_is_kept_and_the_stale_one_dropped(
     subject: str, old: str, new: str, before: list[str], between: list[str], role: str
 ) -> None:
-    if old == new:
+    if old in new:  # equal, or a prefix of it (V137, V1374): its absence cannot be checked
         return
     span = [{"role": "user", "content": text} for text in before]
     span.append({"role": role, "content": f"The {subject} is {old}."})
