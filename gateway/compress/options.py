@@ -44,7 +44,8 @@ class CompressionOptions:
         once a whole step of history has accumulated, and then frees a whole
         step, so the next turns append again; the price is up to a step of
         the budget left unused. Head and steps are shares of the budget, not
-        of the aggressive target, so both modes cut on the same grid.
+        of the aggressive target, so both modes cut on the same grid. (Older
+        steps of an agent loop also have finer cuts: recent_steps_ratio.)
     recent_steps_ratio: in the latest turn, the steps after the user message
         (an agent loop: each assistant tool call with its results) are
         protected from the newest back, at least the newest one, as long as
@@ -53,7 +54,11 @@ class CompressionOptions:
         Older steps go straight to their placeholder form (the call stays)
         and are dropped like older turns, oldest first. The boundary moves on the
         `cut_quantum` grid (by whole quanta of the turn's steps), so
-        consecutive requests of a loop keep sharing their prefix.
+        consecutive requests of a loop keep sharing their prefix. Older steps
+        are also dropped at that grid's points (finer than the drop grid in
+        their placeholder sizes) when that leaves the recent steps room for
+        this share, so about as many go as needed, and such a cut stays put
+        until the window moves.
     fill_quantum: the rung that fits (one cap, or a placeholder, for every old
         tool output) can leave much of the budget unused; the room left goes to
         the newest old turns, which stay at the rung before it (aged steps

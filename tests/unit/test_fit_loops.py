@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,24 @@ def test_old_turns_go_before_the_steps_of_the_latest_turn() -> None:
     after = [m for m in result.messages[task:] if "earlier messages omitted" in str(m["content"])]
     assert before and not after  # older turns dropped, every step still present
     assert sum(1 for m in result.messages if m["role"] == "tool") == 30
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_older_steps_dropped_are_about_as_many_as_the_budget_needs(style: str) -> None:
+    """A newest result bigger than half the budget: the older steps, only placeholders by then,
+    had one grid cut per quarter of the budget of them, so none or nearly all of them went."""
+    messages = loop(120, style, lines=40)
+    messages[-2:] = (openai_step if style == "openai" else anthropic_step)(119, 600)
+    newest = COUNTER.messages(messages[-2:])
+    calls = []
+    for budget in range(newest + 2_000, newest + 5_000, 500):  # short of every placeholder's room
+        result = fit(messages, model=MODEL, budget_tokens=budget)
+        assert "drop_turns" in result.stages and "protected" not in result.stages
+        assert result.tokens_after <= budget and result.messages[-2:] == messages[-2:]
+        calls.append(sum(1 for m in result.messages if m["role"] == "assistant"))
+    # Each 500 tokens more (a dozen placeholders) keep more of the calls.
+    assert all(a < b for a, b in itertools.pairwise(calls)), calls
+    assert calls[-1] >= 120 // 3
 
 
 def test_the_protected_stage_trims_the_largest_first_and_the_newest_step_last() -> None:
