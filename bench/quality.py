@@ -17,7 +17,8 @@ results at full size, which become old and compressed at the next turn).
 Then agent loops (one task answered by 25, 60 and 160 tool steps of varied
 tools and sizes, both wire formats, half of them after three earlier turns) at
 1/1.5, 1/3 and 1/6 of their size: fits, strict-valid, task message intact,
-newest result intact, share of the three newest intact (median), share of
+newest result intact, `over` (loops whose newest step alone is larger than
+the budget: no method can keep it intact), share of the three newest intact (median), share of
 tool calls still present (as calls), budget use of each loop's last request,
 refusals, and over growing loops that send a request after every step: budget
 use (median over every request that needed compression) and prefix stability; against
@@ -283,10 +284,12 @@ def _step_results(loop: AgentLoop, step: int) -> set[str]:
 def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict[str, float]:
     """Per loop, its last request at a budget of its size / ratio; shares in %, budget use as a ratio."""
     rows: dict[str, list[float]] = {
-        key: [] for key in ("fits", "valid", "task", "newest", "three", "calls", "use", "refused")
+        key: [] for key in ("fits", "valid", "task", "newest", "three", "calls", "use", "refused", "over")
     }
     for loop in loops:
         budget = int(COUNTER.messages(loop.messages) / ratio)
+        # A newest step larger than the whole budget cannot stay intact, whatever the method.
+        rows["over"].append(float(COUNTER.messages(loop.messages[loop.step_starts[-1] :]) > budget))
         out, _ = timed(method, loop.messages, budget)
         rows["refused"].append(float(out is None))
         out = out or []
@@ -309,6 +312,7 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
     result["three"] = 100 * statistics.median(rows["three"])
     result["calls"] = 100 * statistics.fmean(rows["calls"])
     result["use"] = statistics.median(rows["use"]) if rows["use"] else 0.0
+    result["over"] = sum(rows["over"])
     return result
 
 
@@ -347,8 +351,8 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
         f"stability over {len(grown)} growing loops of {growing_steps} steps (every step a request)\n"
     )
     header = (
-        f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'newest':>6} {'3 new':>5} "
-        f"{'calls':>5} {'use':>5} {'refused':>7} {'use/step':>8} {'prefix':>6}"
+        f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'newest':>6} {'over':>4} "
+        f"{'3 new':>5} {'calls':>5} {'use':>5} {'refused':>7} {'use/step':>8} {'prefix':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -360,7 +364,8 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
             step_uses = [use for _, uses in runs for use in uses]
             print(
                 f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
-                f"{r['task']:5.0f} {r['newest']:6.0f} {r['three']:5.0f} {r['calls']:5.0f} {r['use']:5.2f} "
+                f"{r['task']:5.0f} {r['newest']:6.0f} {r['over']:4.0f} {r['three']:5.0f} {r['calls']:5.0f} "
+                f"{r['use']:5.2f} "
                 f"{r['refused']:7.0f} {statistics.median(step_uses) if step_uses else 0.0:8.2f} "
                 f"{stable:6.3f}",
                 flush=True,
