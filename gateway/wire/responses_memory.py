@@ -56,8 +56,9 @@ class Converted:
 
     @property
     def size(self) -> int:
-        """Bytes held: the messages' JSON, and the messages themselves taken to be as large."""
-        return 2 * sum(map(len, self.encoded))
+        """Bytes held: the messages' JSON, and the messages and the items they were made from, each
+        taken to be as large (the items may outlive the parse's memory of them)."""
+        return 3 * sum(map(len, self.encoded))
 
     def reusable(self, items: Sequence[Any]) -> int:
         """How many leading messages `items` makes exactly as these items did."""
