@@ -19,20 +19,9 @@ from gateway.wire.responses import RESPONSES, SERVED_RESPONSES
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_agent_loop_route import _loop
+from tests.unit.test_incremental_parse import TOOLS  # an agent's 12 definitions, ~9 KB
 
 MODEL = "gpt-4o-mini"
-# An agent's tool definitions, sent after the messages on every request (~12 KB).
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "function": {
-            "name": f"tool_{number}",
-            "description": f"Tool {number}: reads, searches or runs something in the repository. " * 8,
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    }
-    for number in range(16)
-]
 
 
 def _send(url: str, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> Any:
