@@ -66,35 +66,44 @@ Validator = Callable[[object, int], None]
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity
+class Members:
+    """A body from the `]` closing its prompt list to its end: the members after the list. Bodies
+    of one conversation that end alike share one, so the members are parsed once."""
+
+    raw: bytes
+
+    @cached_property
+    def parsed(self) -> dict[str, Any] | None:
+        """The members, as the body's parse set them (None: not an object's members). Parsed the
+        first time a body reuses them."""
+        if not self.raw.startswith(b"],"):
+            return None
+        try:
+            members = orjson.loads(b"{" + self.raw[2:])
+        except orjson.JSONDecodeError:
+            return None
+        return members if isinstance(members, dict) else None
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity
 class Head:
-    """A body as remembered: its bytes, where its prompt list starts, and each entry laid out as
-    orjson writes it (where it ends in the body, its JSON, its parsed object)."""
+    """A body as remembered: its bytes, where its prompt list starts, each entry laid out as
+    orjson writes it (where it ends in the body, its JSON, its parsed object), and the members
+    after the list (when every entry is laid out)."""
 
     raw: bytes
     start: int
     ends: tuple[int, ...]
     encoded: tuple[bytes, ...]
     messages: tuple[Any, ...]
-    # From the `]` closing the prompt list to the body's end, when every entry is laid out.
-    tail: bytes = b""
-
-    @cached_property
-    def trailing(self) -> dict[str, Any] | None:
-        """The members after the prompt list, as the body's parse set them (None: not an object's
-        members). Parsed the first time a body reuses them."""
-        if not self.tail.startswith(b"],"):
-            return None
-        try:
-            members = orjson.loads(b"{" + self.tail[2:])
-        except orjson.JSONDecodeError:
-            return None
-        return members if isinstance(members, dict) else None
+    tail: Members | None
 
     @property
     def size(self) -> int:
         """The bytes held: the body, its entries' JSON once more, their parsed objects (taken to
         be about as large as their JSON), and the members after the list, as bytes and parsed."""
-        return len(self.raw) + 2 * (self.ends[-1] - self.start) + 2 * len(self.tail)
+        tail = 0 if self.tail is None else len(self.tail.raw)
+        return len(self.raw) + 2 * (self.ends[-1] - self.start) + 2 * tail
 
     def shared_with(self, raw: bytes) -> int:
         """How many leading entries `raw` has byte for byte as this body has them: all (it grew from
@@ -148,20 +157,16 @@ class IncrementalParser:
         if start < 0:
             return Parsed(payload, encoded)  # not laid out as orjson writes it: nothing to find next time
         start += len(self._key_prefix)
-        ends = _ends(raw, start, encoded)
-        laid_out = len(ends)
-        head = Head(
-            raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out]), _tail(raw, ends, len(entries))
-        )
-        self._remember(key, head, None)
+        self._remember(key, _laid_out(raw, start, _ends(raw, start, encoded), encoded, entries, None), None)
         return Parsed(payload, encoded)
 
     def _with_head(self, raw: bytes, key: int, head: Head, shared: int, validate: Validator) -> Parsed | None:
         start, end = head.start, head.ends[shared - 1]
         # The members after the prompt list (tool definitions, settings) repeat too: when the body
         # ends with the same bytes, they are cut as well (module docstring).
-        cut = len(raw) - len(head.tail)
-        trailing = head.trailing if head.tail and cut >= end and raw.endswith(head.tail) else None
+        tail = head.tail
+        cut = len(raw) - (0 if tail is None else len(tail.raw))
+        trailing = tail.parsed if tail is not None and cut >= end and raw.endswith(tail.raw) else None
         if trailing is not None and self.field in trailing:
             trailing = None  # a second prompt list after the first: the whole parse decides
         if trailing is None:
@@ -196,19 +201,7 @@ class IncrementalParser:
         encoded = head.encoded[:shared] + added
         # The new entries are remembered as far as they too are laid out as orjson writes them.
         ends = head.ends[:shared] + (_ends(raw, end + 1, added) if raw[end : end + 1] == b"," else ())
-        laid_out = len(ends)
-        after = _tail(raw, ends, len(entries))
-        same_members = after == head.tail
-        grown = Head(
-            raw,
-            start,
-            ends,
-            encoded[:laid_out],
-            tuple(entries[:laid_out]),
-            head.tail if same_members else after,
-        )
-        if same_members and "trailing" in head.__dict__:
-            grown.__dict__["trailing"] = head.trailing  # parsed once for the conversation
+        grown = _laid_out(raw, start, ends, encoded, entries, tail)
         replaces = head if shared >= len(head.ends) - 1 else None
         self._remember(key, grown, replaces)
         return Parsed(payload, encoded, shared)
@@ -251,11 +244,24 @@ def _encoded(entries: Sequence[Any]) -> tuple[bytes, ...] | None:
         return None
 
 
-def _tail(raw: bytes, ends: tuple[int, ...], entries: int) -> bytes:
-    """The body from the `]` closing the prompt list, when every entry was found laid out."""
-    if len(ends) != entries or raw[ends[-1] : ends[-1] + 1] != b"]":
-        return b""
-    return raw[ends[-1] :]
+def _laid_out(
+    raw: bytes,
+    start: int,
+    ends: tuple[int, ...],
+    encoded: tuple[bytes, ...],
+    entries: Sequence[Any],
+    previous: Members | None,
+) -> Head:
+    """The body remembered with its entries as far as `ends` found them laid out, and the members
+    after its list when all were: `previous` when the body ends with the same bytes."""
+    laid_out = len(ends)
+    tail: Members | None = None
+    if laid_out == len(entries) and raw[ends[-1] : ends[-1] + 1] == b"]":
+        if previous is not None and len(raw) - ends[-1] == len(previous.raw) and raw.endswith(previous.raw):
+            tail = previous
+        else:
+            tail = Members(raw[ends[-1] :])
+    return Head(raw, start, ends, encoded[:laid_out], tuple(entries[:laid_out]), tail)
 
 
 def _ends(raw: bytes, start: int, encoded: Sequence[bytes]) -> tuple[int, ...]:
