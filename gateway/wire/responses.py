@@ -49,7 +49,7 @@ class _Layout:
     string_input: bool
     has_instructions: bool
     fittable: bool = True
-    # Chat messages this view produced for runs and outputs, by the id() of the message.
+    # The items each message of the view stands for, by the id() of the message.
     produced: dict[int, range] = field(default_factory=dict)
 
 
@@ -82,14 +82,13 @@ class ResponsesInput:
         instructions = payload.get("instructions")
         has_instructions = isinstance(instructions, str) and bool(instructions)
         layout = _Layout(items, isinstance(raw, str), has_instructions)
-        chat: list[Message] = [{"role": "system", "content": instructions}] if has_instructions else []
+        system: list[Message] = [{"role": "system", "content": instructions}] if has_instructions else []
         converted = self._converted(layout)
-        chat += converted.messages
+        chat = [*system, *converted.messages]
         counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"))
         encoded: tuple[bytes, ...] | None = None
         if layout.fittable and len(converted.encoded) == len(converted.messages):
-            # Only the instructions' system message may come first: a dict of strings.
-            encoded = (*map(orjson.dumps, chat[: len(chat) - len(converted.messages)]), *converted.encoded)
+            encoded = (*map(orjson.dumps, system), *converted.encoded)  # a dict of strings: always JSON
         return ChatView(chat, counted, layout, layout.fittable, encoded)
 
     def _converted(self, layout: _Layout) -> Converted:
@@ -98,23 +97,23 @@ class ResponsesInput:
         remembered for the next request."""
         items, conversions = layout.items, self.conversions
         known, reused = conversions.longest(items) if conversions is not None else (None, 0)
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
-        messages, ends, _, origins, _, encoded = columns
+        columns: tuple[list[Any], ...] = ([], [], [], [], [])
+        messages, origins, _, _, encoded = columns
         if known is not None:
             for column, remembered in zip(columns, known.columns, strict=True):
                 column += remembered[:reused]
-            layout.produced = {id(m): origin for m, origin in zip(messages, origins, strict=True) if origin}
-        for made in self._messages(layout, ends[-1] if ends else 0):
+            layout.produced = {id(m): origin for m, origin in zip(messages, origins, strict=True)}
+        for made in self._messages(layout, origins[-1].stop if origins else 0):
             for column, value in zip(columns, made, strict=False):  # all but the JSON, written below
                 column.append(value)
         if not layout.fittable:
-            return Converted((), (), (), (), (), (), ())
+            return Converted.bare(())
         if conversions is None:
-            return Converted((), tuple(messages), (), (), (), (), ())
+            return Converted.bare(messages)
         try:
             encoded += map(orjson.dumps, messages[len(encoded) :])
         except TypeError:
-            return Converted((), tuple(messages), (), (), (), (), ())
+            return Converted.bare(messages)
         converted = Converted(tuple(items), *map(tuple, columns))
         if len(messages) > reused:
             # It replaces the conversation it grew from (which may have ended in a run it continued).
@@ -122,12 +121,10 @@ class ResponsesInput:
             conversions.remember(converted, known if grew else None)
         return converted
 
-    def _messages(
-        self, layout: _Layout, start: int
-    ) -> Iterator[tuple[Message, int, bool, range | None, bool]]:
+    def _messages(self, layout: _Layout, start: int) -> Iterator[tuple[Message, range, bool, bool]]:
         """Each chat message made from the items from `start` on (every call before it answered):
-        the message, the index after its items, whether it is a run, the items it stands for, and
-        whether every call is answered after it. Marks the layout not fittable, and stops, where
+        the message, the items it stands for, whether it is a run, and whether every call is
+        answered after it. Marks the layout not fittable, and stops, where
         an output does not follow its call's run."""
         items = layout.items
         pending: set[object] = set()  # call ids of the last run not yet answered
@@ -141,8 +138,10 @@ class ResponsesInput:
                 if pending:
                     layout.fittable = False
                     return
+                origin = range(i, i + 1)
+                layout.produced[id(item)] = origin  # written back as the very item
                 i += 1
-                yield item, i, False, None, True
+                yield item, origin, False, True
                 continue
             if item_type(item) in OUTPUT_TYPES:
                 if item.get("call_id") not in pending:
@@ -154,7 +153,7 @@ class ResponsesInput:
                 origin = range(i, i + 1)
                 layout.produced[id(message)] = origin
                 i += 1
-                yield message, i, False, origin, not pending
+                yield message, origin, False, not pending
                 continue
             end = i
             while (
@@ -171,7 +170,7 @@ class ResponsesInput:
             origin = range(i, end)
             layout.produced[id(run)] = origin
             i = end
-            yield run, end, True, origin, not pending
+            yield run, origin, True, not pending
         if pending:
             layout.fittable = False
 
@@ -218,7 +217,7 @@ class ResponsesInput:
                 items += [layout.items[i] for i in indices]
             elif ORIGIN in message or message.get("role") == "assistant":
                 items += _rebuild(layout.items, message)
-            else:  # a user-side item (as it was or changed) or compress's omission marker
+            else:  # a user-side item compress changed, or its omission marker
                 items.append(message)
         if layout.string_input and len(items) == 1 and isinstance(items[0].get("content"), str):
             out["input"] = items[0]["content"]

@@ -25,6 +25,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from operator import attrgetter
 from typing import Any, Final
 
 from gateway.openings import Openings
@@ -36,25 +38,28 @@ DEFAULT_MAX_BYTES: Final = 32 * 1024 * 1024
 
 @dataclass(frozen=True, eq=False)  # compared by identity
 class Converted:
-    """One conversation's items and the chat messages made from them, each message with the index
-    after its last item, whether it is a run (model-side items, which later ones may join), the
-    item indices it stands for (None: the item itself), whether every call is answered after it,
-    and its JSON."""
+    """One conversation's items and the chat messages made from them, each message with the item
+    indices it stands for, whether it is a run (model-side items, which later ones may join),
+    whether every call is answered after it, and its JSON."""
 
     items: tuple[Any, ...]
     messages: tuple[Message, ...]
-    ends: tuple[int, ...]
+    origins: tuple[range, ...]
     runs: tuple[bool, ...]
-    origins: tuple[range | None, ...]
     settled: tuple[bool, ...]
     encoded: tuple[bytes, ...]
+
+    @classmethod
+    def bare(cls, messages: Sequence[Message]) -> Converted:
+        """Messages that are not remembered: no items, no JSON, nothing for a later request."""
+        return cls((), tuple(messages), (), (), (), ())
 
     @property
     def columns(self) -> tuple[tuple[Any, ...], ...]:
         """Everything kept per message, in `Converted`'s order."""
-        return (self.messages, self.ends, self.runs, self.origins, self.settled, self.encoded)
+        return (self.messages, self.origins, self.runs, self.settled, self.encoded)
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Bytes held: the messages' JSON, and the messages and the items they were made from, each
         taken to be as large (the items may outlive the parse's memory of them)."""
@@ -67,9 +72,11 @@ class Converted:
             if ours is not theirs:
                 break
             known += 1
-        count = bisect_right(self.ends, known)  # messages whose items are all known
+        count = bisect_right(
+            self.origins, known, key=attrgetter("stop")
+        )  # messages whose items are all known
         while count and not (
-            self.settled[count - 1] and (self.ends[count - 1] < known or not self.runs[count - 1])
+            self.settled[count - 1] and (self.origins[count - 1].stop < known or not self.runs[count - 1])
         ):
             count -= 1
         return count
