@@ -201,13 +201,7 @@ async def fire(
     """`count` requests, `concurrency` in flight; each latency covers the whole body."""
     latencies: list[float] = []
     remaining = iter(range(first_nonce, first_nonce + count))
-    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
-    if payload.api == "anthropic":
-        headers = {
-            "content-type": "application/json",
-            "x-api-key": "sk-bench",
-            "anthropic-version": "2023-06-01",
-        }
+    headers = payload.headers
 
     async def worker() -> None:
         for nonce in remaining:
@@ -226,11 +220,8 @@ async def fire(
 
 async def check_fast_path(session: aiohttp.ClientSession, gateway: Server, payload: Payload) -> int:
     """The gateway counted the prompt and forwarded it untouched; returns its token count."""
-    headers = (
-        {"x-api-key": "sk-bench", "anthropic-version": "2023-06-01"} if payload.api == "anthropic" else {}
-    )
     body = payload.body(WARMUP_NONCE_BASE - 1)
-    async with session.post(gateway.origin + payload.path, data=body, headers=headers) as reply:
+    async with session.post(gateway.origin + payload.path, data=body, headers=payload.headers) as reply:
         await reply.read()
         compression = reply.headers.get("x-gateway-compression")
         before = reply.headers.get("x-gateway-prompt-tokens-before", "")

@@ -164,6 +164,17 @@ class Payload:
     def stream_end(self) -> bytes:
         return STREAM_ENDS[self.api]
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What an SDK of this API sends with the body."""
+        if self.api == "anthropic":
+            return {
+                "content-type": "application/json",
+                "x-api-key": "sk-bench",
+                "anthropic-version": "2023-06-01",
+            }
+        return {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+
     def body(self, nonce: int) -> bytes:
         return self.head + str(nonce % 10**NONCE_WIDTH).zfill(NONCE_WIDTH).encode() + self.tail
 
