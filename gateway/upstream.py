@@ -383,6 +383,43 @@ class Upstream:
         return UpstreamReply(response.status, reply_headers, response)
 
 
+class _Watchdog:
+    """Fails `content`'s read with TimeoutError once the upstream has sent nothing for
+    `idle_timeout`, or at `end_by` (event-loop time)."""
+
+    def __init__(self, content: aiohttp.StreamReader, idle_timeout: float, end_by: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.content = content
+        self.idle_timeout = idle_timeout
+        self.end_by = end_by
+        # New bytes are noticed at the next tick, so a silence is cut within 1/WATCHDOG_TICKS of
+        # idle_timeout past it (one check per idle period would let it run to twice as long).
+        self.tick = idle_timeout / WATCHDOG_TICKS
+        self.seen_bytes = content.total_bytes
+        self.last_progress = self.loop.time()
+        self.timer: asyncio.TimerHandle | None = self.loop.call_at(
+            min(self.last_progress + self.tick, end_by), self.check
+        )
+
+    def check(self) -> None:
+        now = self.loop.time()
+        if self.content.total_bytes != self.seen_bytes:
+            self.seen_bytes, self.last_progress = self.content.total_bytes, now
+        due = min(self.last_progress + self.idle_timeout, self.end_by)
+        if now >= due:
+            self.content.set_exception(TimeoutError())
+            self.timer = None
+        else:
+            self.timer = self.loop.call_at(min(now + self.tick, due), self.check)
+
+    def stop(self) -> None:
+        # The handle holds `self.check`: dropping it leaves no reference loop, so the response and
+        # its buffers are freed as the request ends, not by the cyclic collector.
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 async def iter_body(
     response: aiohttp.ClientResponse, idle_timeout: float, deadline: float | None = None
 ) -> AsyncGenerator[bytes, None]:
@@ -396,38 +433,17 @@ async def iter_body(
     The connection is closed (not returned to the pool) unless the body was read to its
     end, so a client that goes away stops the upstream generation at once.
     """
-    loop = asyncio.get_running_loop()
-    content = response.content
-    seen_bytes = content.total_bytes
-    last_progress = loop.time()
-    end_by = math.inf if deadline is None else deadline
-    # New bytes are noticed at the next tick, so a silence is cut within 1/WATCHDOG_TICKS of
-    # idle_timeout past it (one check per idle period would let it run to twice as long).
-    tick = idle_timeout / WATCHDOG_TICKS
-    timer: asyncio.TimerHandle
-
-    def watch() -> None:
-        nonlocal seen_bytes, last_progress, timer
-        now = loop.time()
-        if content.total_bytes != seen_bytes:
-            seen_bytes, last_progress = content.total_bytes, now
-        due = min(last_progress + idle_timeout, end_by)
-        if now >= due:
-            content.set_exception(TimeoutError())
-        else:
-            timer = loop.call_at(min(now + tick, due), watch)
-
-    timer = loop.call_at(min(last_progress + tick, end_by), watch)
+    watchdog = _Watchdog(response.content, idle_timeout, math.inf if deadline is None else deadline)
     complete = False
     try:
         while True:
-            chunk = await content.readany()
+            chunk = await response.content.readany()
             if not chunk:
                 complete = True
                 return
             yield chunk
     finally:
-        timer.cancel()
+        watchdog.stop()
         if complete:
             response.release()
         else:

@@ -29,6 +29,7 @@ asks twice.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,12 +161,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             super().send_400_response(msg)
 
     def _gone_check(self, cycle: RequestResponseCycle) -> Callable[[], bool]:
+        # The check lives in the cycle's own scope: holding the cycle weakly keeps that from being
+        # a reference loop, which would leave every finished request to the cyclic collector.
+        held = weakref.ref(cycle)
+        flow = self.flow
+
         def gone() -> bool:
-            """Whether the client of `cycle` hung up. Reading resumes, as a receive would: uvicorn
+            """Whether the client of the cycle hung up. Reading resumes, as a receive would: uvicorn
             pauses it while a large body waits for the app, and a hang-up is seen only once it
             reads again, so a later check sees what this one could not."""
+            cycle = held()
+            if cycle is None:  # the request is over, and nobody holds it any more
+                return True
             if not cycle.disconnected and not cycle.response_complete:
-                self.flow.resume_reading()
+                flow.resume_reading()
             return cycle.disconnected
 
         return gone
