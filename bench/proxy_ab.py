@@ -34,7 +34,8 @@ SETTLE_SECONDS = 0.05  # the last responses' bookkeeping lands before CPU times 
 WARMUP_REQUESTS = 300
 
 
-def servers(baseline: Path, logs: Path) -> dict[str, Server]:
+def servers(baseline: Path | None, logs: Path) -> dict[str, Server]:
+    """The fake upstream, the aiohttp floor, `baseline`'s gateway (if any) and this checkout's."""
     env = bench_environment()
     running: dict[str, Server] = {}
     try:
@@ -56,9 +57,10 @@ def servers(baseline: Path, logs: Path) -> dict[str, Server]:
         running[FLOOR_AIOHTTP] = start(FLOOR_AIOHTTP, floor, health="/healthz", env=env, logs=logs)
         gateway_env = gateway_environment(upstream)
         serve = ["-m", "gateway.cli", "serve"]
-        running["baseline"] = start(
-            "baseline", serve, health="/healthz", env=gateway_env, logs=logs, cwd=baseline
-        )
+        if baseline is not None:
+            running["baseline"] = start(
+                "baseline", serve, health="/healthz", env=gateway_env, logs=logs, cwd=baseline
+            )
         running["this checkout"] = start(
             "this checkout", serve, health="/healthz", env=gateway_env, logs=logs
         )

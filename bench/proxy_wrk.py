@@ -36,11 +36,12 @@ from pathlib import Path
 
 import aiohttp
 import uvloop
+from proxy_ab import servers
 from proxy_overhead import FLOOR_AIOHTTP, GOAL_CPU_RATIO, check_fast_path, cpu_seconds, rotated
 from proxy_payloads import APIS, NONCE_WIDTH, Payload, build
-from servers import REPO, Server, bench_environment, gateway_environment, start, stop
+from servers import Server, stop
 
-GATEWAY, BASELINE = "gateway", "baseline"
+GATEWAY = "this checkout"
 # The proxy measured has a core to itself; wrk and the upstream share the other, so another
 # process's scheduling does not land in the proxy's CPU time.
 PROXY_CPU, CLIENT_CPU = 1, 0
@@ -166,39 +167,10 @@ def main() -> int:
         parser.error(f"{args.baseline} is not a checkout of this project")
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
-        running: dict[str, Server] = {}
-        upstream: Server | None = None
+        running = servers(args.baseline.resolve() if args.baseline else None, logs)
+        upstream = running.pop("upstream")
         try:
-            env = bench_environment()
-            upstream = start(
-                "upstream",
-                ["-m", "tests.fakes.upstream", "--chunk-delay", "0"],
-                health="/v1/models",
-                env=env,
-                logs=logs,
-            )
-            floor = [
-                str(REPO / "bench" / "proxy_floors.py"),
-                "--client",
-                "aiohttp",
-                "--upstream",
-                upstream.origin,
-            ]
-            running[FLOOR_AIOHTTP] = start(FLOOR_AIOHTTP, floor, health="/healthz", env=env, logs=logs)
-            serve = ["-m", "gateway.cli", "serve"]
             pin(upstream, CLIENT_CPU)
-            if args.baseline is not None:
-                running[BASELINE] = start(
-                    BASELINE,
-                    serve,
-                    health="/healthz",
-                    env=gateway_environment(upstream),
-                    logs=logs,
-                    cwd=args.baseline.resolve(),
-                )
-            running[GATEWAY] = start(
-                GATEWAY, serve, health="/healthz", env=gateway_environment(upstream), logs=logs
-            )
             for server in running.values():
                 pin(server, PROXY_CPU)
             print(
@@ -236,7 +208,7 @@ def main() -> int:
                             )
             print(f"gateway ≤ {GOAL_CPU_RATIO}× the floor in {met} of {rows} rows")
         finally:
-            for server in [*running.values(), *([upstream] if upstream else [])]:
+            for server in [upstream, *running.values()]:
                 stop(server)
     return 0
 
