@@ -66,6 +66,7 @@ _MAX_NODES = 4096
 _MAX_EMBEDDED_JSON = 3
 # How many SSE events of a stream's head are inspected for an error event.
 _MAX_STREAM_EVENTS = 8
+_NULL_ERROR = re.compile(rb'"error"\s*:\s*null')
 # Larger numbers are garbage, not token counts (no model has a billion-token window).
 _MAX_TOKENS = 1_000_000_000
 
@@ -637,6 +638,17 @@ def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
         yield chunk  # some servers answer a streamed request with a bare JSON error body
 
 
+def _only_null_errors(payload: bytes) -> bool:
+    """Whether every `"error"` in the event is a key set to null, as in each ordinary event of the
+    Responses API, which then cannot be shaped as an error: it is not parsed. (Those events echo
+    the request's instructions and tools, so parsing them cost more than the rest of the head.)
+    An error's own `"error"` is an object or a string value, and `response.failed` is matched
+    by name, so no error event is skipped."""
+    return (
+        payload.count(b'"error"') == len(_NULL_ERROR.findall(payload)) and b"response.failed" not in payload
+    )
+
+
 def classify_stream_error(chunk: bytes) -> Overflow | None:
     """Find an overflow in the first SSE events of a stream that began with HTTP 200.
 
@@ -649,7 +661,7 @@ def classify_stream_error(chunk: bytes) -> Overflow | None:
     if b"error" not in head:
         return None
     for payload in itertools.islice(_sse_payloads(head), _MAX_STREAM_EVENTS):
-        if b"error" not in payload or payload.strip() == b"[DONE]":
+        if b"error" not in payload or payload.strip() == b"[DONE]" or _only_null_errors(payload):
             continue
         scan = _scan(payload, errors_only=True)
         if not scan.error_object:

@@ -7,7 +7,7 @@ import time
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway import overflow
@@ -1233,6 +1233,48 @@ def test_never_raises_on_near_miss_bodies(parts: list[str]) -> None:
 def test_classify_stream_error_never_raises_on_arbitrary_bytes(chunk: bytes) -> None:
     result = classify_stream_error(chunk)
     assert result is None or isinstance(result, Overflow)
+
+
+# Events as upstreams write them: error objects, error markers, and ordinary events whose
+# "error" is null (the Responses API's), with overflow wording in and out of error fields.
+_EVENT_VALUES = st.recursive(
+    st.none()
+    | st.sampled_from(
+        ["error", "response.failed", "This model's maximum context length is 4096 tokens", "x"]
+    ),
+    lambda inner: st.dictionaries(
+        st.sampled_from(["error", "object", "type", "message", "response", "code", "text"]), inner, max_size=4
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    events=st.lists(_EVENT_VALUES, min_size=1, max_size=4),
+    spaced=st.booleans(),
+)
+@example(  # a failed response is an error by its type, whatever its "error" says
+    events=[
+        {
+            "type": "response.failed",
+            "error": None,
+            "message": "This model's maximum context length is 4096 tokens",
+        }
+    ],
+    spaced=False,
+)
+def test_skipping_events_whose_errors_are_all_null_never_changes_the_answer(
+    events: list[object], spaced: bool
+) -> None:
+    encode = (
+        (lambda v: json.dumps(v).encode()) if spaced else orjson.dumps
+    )  # '"error": null' and '"error":null'
+    chunk = b"".join(b"data: " + encode(event) + b"\n\n" for event in events)
+    answer = classify_stream_error(chunk)
+    with pytest.MonkeyPatch.context() as patched:  # every event parsed, as before the skip
+        patched.setattr(overflow, "_only_null_errors", lambda payload: False)
+        assert classify_stream_error(chunk) == answer
 
 
 SGLANG_MESSAGE = "The input (400013 tokens) is longer than the model's context length (262144 tokens)."
