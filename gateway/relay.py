@@ -20,10 +20,12 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import error_body
 from gateway.upstream import UpstreamReply, upstream_broken, upstream_timeout
 
-# The usage chunk is the last data event before [DONE]: this much tail is enough to find it,
-# and it spans at most a few of the upstream's chunks.
+# What a finished stream hands on: its last TAIL_BYTES, reaching back to where the event they
+# start inside begins. The usage is in the last events (before [DONE] in chat completions); the
+# Responses API's last event echoes the whole response, tools and instructions included, so it
+# can be far longer than TAIL_BYTES. At most TAIL_LIMIT bytes of a stream are held for that.
 TAIL_BYTES = 4096
-TAIL_CHUNKS = 4
+TAIL_LIMIT = 128 * 1024
 
 
 ErrorEvent = Callable[[str, str], bytes]  # (message, code) -> one SSE event in the API's own shape
@@ -46,12 +48,16 @@ async def relay_sse(
 
     ``on_complete`` receives the stream's tail once the upstream finished normally.
     """
-    # The last few chunks, not a running copy of the tail: copying on every chunk costs more.
-    recent: deque[bytes] = deque((first_chunk,), maxlen=TAIL_CHUNKS)
+    # The last chunks, not a running copy of the tail: copying on every chunk costs more.
+    recent: deque[bytes] = deque((first_chunk,))
+    held = len(first_chunk)
     yield first_chunk
     try:
         async for chunk in rest:
             recent.append(chunk)
+            held += len(chunk)
+            while held - len(recent[0]) >= TAIL_LIMIT:
+                held -= len(recent.popleft())
             yield chunk
     except TimeoutError:
         yield error_event(
@@ -63,7 +69,18 @@ async def relay_sse(
     except aiohttp.ClientError:
         yield error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
         return
-    on_complete(b"".join(recent)[-TAIL_BYTES:])
+    on_complete(sse_tail(b"".join(recent)))
+
+
+def sse_tail(stream_end: bytes) -> bytes:
+    """The last TAIL_BYTES of a stream's end, from the start of the event they begin inside
+    (within the TAIL_LIMIT bytes held): its last events whole, however long the last one is."""
+    stream_end = stream_end[-TAIL_LIMIT:]
+    cut = len(stream_end) - TAIL_BYTES
+    if cut <= 0:
+        return stream_end
+    boundary = stream_end.rfind(b"\n\n", 0, cut + 1)
+    return stream_end[boundary + 2 :] if boundary >= 0 else stream_end
 
 
 async def first_chunk(

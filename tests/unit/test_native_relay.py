@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import orjson
+import pytest
 
 from gateway.overflow import classify_stream_error
-from gateway.relay import prompt_tokens, prompt_tokens_from_sse_tail, usage_from_json
+from gateway.relay import TAIL_BYTES, prompt_tokens, prompt_tokens_from_sse_tail, relay_sse, usage_from_json
 from gateway.routes.responses import _past_preamble
 from tests.fakes import anthropic_api, responses_api
 from tests.fakes.answers import Identity, Usage
@@ -71,3 +74,48 @@ def test_a_responses_stream_head_is_complete_once_past_its_two_opening_events() 
     assert _past_preamble(opening + events[2])
     failed = b"".join(responses_api.failed_events(IDENTITY, settings))
     assert _past_preamble(failed)
+
+
+async def _relayed_tail(stream: bytes, chunk_size: int) -> bytes:
+    chunks = [stream[i : i + chunk_size] for i in range(0, len(stream), chunk_size)]
+
+    async def rest() -> AsyncIterator[bytes]:
+        for chunk in chunks[1:]:
+            yield chunk
+
+    tails: list[bytes] = []
+    relayed = [
+        piece async for piece in relay_sse(chunks[0], rest(), idle_timeout=1, on_complete=tails.append)
+    ]
+    assert b"".join(relayed) == stream  # relayed as it came
+    return tails[0]
+
+
+@pytest.mark.parametrize("chunk_size", [100, 1500, 1 << 20])
+async def test_usage_is_read_from_a_last_event_longer_than_the_tail(chunk_size: int) -> None:
+    """The Responses API's last event echoes the tools: with 20 of them it is ~11 KB."""
+    tools = [
+        {"type": "function", "name": f"tool_{i}", "description": "d " * 200, "parameters": {"type": "object"}}
+        for i in range(20)
+    ]
+    output = [
+        {
+            "type": "message",
+            "id": "m",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "hi"}],
+        }
+    ]
+    events = responses_api.events(IDENTITY, {"tools": tools}, output, Usage(123, 5))
+    assert len(events[-1]) > 2 * TAIL_BYTES
+    tail = await _relayed_tail(b"".join(events), chunk_size)
+    assert prompt_tokens_from_sse_tail(tail) == 123
+    assert len(tail) < len(events[-1]) + TAIL_BYTES  # the last events, not the whole stream
+
+
+async def test_a_long_stream_hands_on_a_bounded_tail() -> None:
+    deltas = b"".join(b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i for i in range(20_000))
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":77,"completion_tokens":20000}}\n\ndata: [DONE]\n\n'
+    tail = await _relayed_tail(deltas + usage, 512)
+    assert prompt_tokens_from_sse_tail(tail) == 77
+    assert len(tail) <= TAIL_BYTES + 512
