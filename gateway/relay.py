@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 import aiohttp
 import orjson
@@ -69,18 +69,35 @@ async def relay_sse(
     except aiohttp.ClientError:
         yield error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
         return
-    on_complete(sse_tail(b"".join(recent)))
+    on_complete(sse_tail(recent))
 
 
-def sse_tail(stream_end: bytes) -> bytes:
-    """The last TAIL_BYTES of a stream's end, from the start of the event they begin inside
-    (within the TAIL_LIMIT bytes held): its last events whole, however long the last one is."""
-    stream_end = stream_end[-TAIL_LIMIT:]
-    cut = len(stream_end) - TAIL_BYTES
+def sse_tail(chunks: Sequence[bytes]) -> bytes:
+    """The last TAIL_BYTES of a stream's last `chunks`, from the start of the event they begin
+    inside: its last events whole, however long the last one is (within the TAIL_LIMIT held).
+    Only the chunks those bytes span are joined, unless that event starts before them."""
+    taken: list[bytes] = []
+    size = 0
+    for chunk in reversed(chunks):
+        taken.append(chunk)
+        size += len(chunk)
+        if size > TAIL_BYTES:
+            break
+    end = b"".join(reversed(taken))
+    start = _last_events_start(end)
+    if start is None and len(taken) < len(chunks):
+        end = b"".join(chunks)[-TAIL_LIMIT:]
+        start = _last_events_start(end)
+    return end[start or 0 :]
+
+
+def _last_events_start(end: bytes) -> int | None:
+    """Where the event that the last TAIL_BYTES of `end` begin inside starts (None: before `end`)."""
+    cut = len(end) - TAIL_BYTES
     if cut <= 0:
-        return stream_end
-    boundary = stream_end.rfind(b"\n\n", 0, cut + 1)
-    return stream_end[boundary + 2 :] if boundary >= 0 else stream_end
+        return 0
+    boundary = end.rfind(b"\n\n", 0, cut + 1)
+    return boundary + 2 if boundary >= 0 else None
 
 
 async def first_chunk(
