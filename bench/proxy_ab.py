@@ -30,6 +30,7 @@ from proxy_overhead import FLOOR_AIOHTTP, cpu_seconds, fire, rotated
 from proxy_payloads import APIS, build
 from servers import REPO, Server, bench_environment, gateway_environment, start, stop
 
+BASELINE, THIS_CHECKOUT = "baseline", "this checkout"  # the gateways' names in `servers()`
 SETTLE_SECONDS = 0.05  # the last responses' bookkeeping lands before CPU times are read
 WARMUP_REQUESTS = 300
 
@@ -58,12 +59,10 @@ def servers(baseline: Path | None, logs: Path) -> dict[str, Server]:
         gateway_env = gateway_environment(upstream)
         serve = ["-m", "gateway.cli", "serve"]
         if baseline is not None:
-            running["baseline"] = start(
-                "baseline", serve, health="/healthz", env=gateway_env, logs=logs, cwd=baseline
+            running[BASELINE] = start(
+                BASELINE, serve, health="/healthz", env=gateway_env, logs=logs, cwd=baseline
             )
-        running["this checkout"] = start(
-            "this checkout", serve, health="/healthz", env=gateway_env, logs=logs
-        )
+        running[THIS_CHECKOUT] = start(THIS_CHECKOUT, serve, health="/healthz", env=gateway_env, logs=logs)
     except BaseException:
         for server in running.values():
             stop(server)
@@ -73,7 +72,7 @@ def servers(baseline: Path | None, logs: Path) -> dict[str, Server]:
 
 async def measure(running: dict[str, Server], args: argparse.Namespace) -> dict[str, list[float]]:
     payload = build(args.size, args.stream, args.api, args.tools)
-    targets = (FLOOR_AIOHTTP, "baseline", "this checkout")
+    targets = (FLOOR_AIOHTTP, BASELINE, THIS_CHECKOUT)
     per_round: dict[str, list[float]] = {target: [] for target in targets}
     nonce = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
