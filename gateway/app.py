@@ -22,6 +22,7 @@ from gateway.routes.messages import count_tokens, messages
 from gateway.routes.passthrough import passthrough
 from gateway.routes.responses import responses
 from gateway.runtime import Runtime
+from gateway.server.heap import settle_heap
 from gateway.settings import Settings
 from gateway.tokens.encodings import warm_up
 
@@ -43,6 +44,7 @@ def create_app(settings: Settings) -> Starlette:
         warm_up()
         runtime.windows.model_map.windows()
         await runtime.start()
+        settle_heap()
         try:
             yield
         finally:
