@@ -143,9 +143,20 @@ def usage_from_json(body: bytes) -> object:
 
 
 def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
-    """The prompt tokens of the last usage-bearing event of a stream's tail (or head)."""
-    for event in reversed(tail.split(b"\n\n")):
-        if b'"usage"' not in event:
+    """The prompt tokens of the last usage-bearing event of a stream's tail (or head).
+
+    The search jumps from the end to each event naming ``"usage"`` and parses only those that
+    also name a prompt count: a tail is mostly deltas, and Anthropic's last usage states output
+    tokens only (its prompt is in the stream's head).
+    """
+    end = len(tail)
+    while (found := tail.rfind(b'"usage"', 0, end)) >= 0:
+        before = tail.rfind(b"\n\n", 0, found)
+        start = 0 if before < 0 else before + 2
+        stop = tail.find(b"\n\n", found)
+        event = tail[start : len(tail) if stop < 0 else stop]
+        end = start
+        if b'"prompt_tokens"' not in event and b'"input_tokens"' not in event:
             continue
         for line in event.split(b"\n"):
             if not line.startswith(b"data:"):

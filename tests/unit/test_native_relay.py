@@ -6,9 +6,17 @@ from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from gateway.overflow import classify_stream_error
-from gateway.relay import TAIL_BYTES, prompt_tokens, prompt_tokens_from_sse_tail, relay_sse, usage_from_json
+from gateway.relay import (
+    TAIL_BYTES,
+    prompt_tokens,
+    prompt_tokens_from_sse_tail,
+    relay_sse,
+    usage_from_json,
+)
 from gateway.routes.responses import _past_preamble
 from tests.fakes import anthropic_api, responses_api
 from tests.fakes.answers import Identity, Usage
@@ -30,6 +38,52 @@ def test_anthropic_stream_states_usage_in_message_start() -> None:
     head, tail = events[0], b"".join(events[-2:])
     assert prompt_tokens_from_sse_tail(tail) is None  # message_delta carries output tokens only
     assert prompt_tokens_from_sse_tail(head) == 77
+
+
+def _every_event_parsed(tail: bytes) -> int | None:
+    """The reading the search must match: every event of the tail parsed, the last that states a
+    prompt count winning."""
+    for event in reversed(tail.split(b"\n\n")):
+        for line in event.split(b"\n"):
+            tokens = prompt_tokens(usage_from_json(line[5:])) if line.startswith(b"data:") else None
+            if tokens is not None:
+                return tokens
+    return None
+
+
+_USAGES = st.one_of(
+    st.fixed_dictionaries({"prompt_tokens": st.integers(-2, 9), "completion_tokens": st.integers(0, 9)}),
+    st.fixed_dictionaries(
+        {"input_tokens": st.integers(0, 9)}, optional={"cache_read_input_tokens": st.integers(0, 9)}
+    ),
+    st.fixed_dictionaries({"output_tokens": st.integers(0, 9)}),
+    st.just("usage"),
+)
+_EVENTS = st.one_of(
+    st.builds(lambda u: {"type": "message_delta", "usage": u}, _USAGES),
+    st.builds(lambda u: {"type": "message_start", "message": {"usage": u}}, _USAGES),
+    st.builds(lambda u: {"type": "response.completed", "response": {"usage": u}}, _USAGES),
+    st.builds(
+        lambda text: {"choices": [{"delta": {"content": text}}]},
+        st.sampled_from(['"usage"', "input_tokens", "x"]),
+    ),
+).map(lambda payload: b"data: " + orjson.dumps(payload))
+_NOISE = st.sampled_from([b"event: ping", b"data: [DONE]", b"data: {broken", b": comment", b""])
+
+
+@given(
+    st.lists(st.one_of(_EVENTS, _NOISE), max_size=12),
+    st.integers(0, 40),
+    st.sampled_from([b"\n\n", b"\n\n\n", b"\n"]),
+)
+@example([b'data: {"usage": {"prompt_tokens": 3}}', b'data: {"usage": {"output_tokens": 4}}'], 0, b"\n\n")
+def test_the_usage_search_reads_what_parsing_every_event_reads(
+    events: list[bytes], cut: int, gap: bytes
+) -> None:
+    """Jumping to events that name a usage and a prompt count finds what parsing them all finds,
+    however the tail was cut (a tail starts anywhere inside an event)."""
+    tail = gap.join(events)[cut:]
+    assert prompt_tokens_from_sse_tail(tail) == _every_event_parsed(tail)
 
 
 def test_responses_usage_in_completed_event_and_body() -> None:
