@@ -27,6 +27,7 @@ from gateway.wire.anthropic import ANTHROPIC
 from gateway.wire.anthropic_validation import validate_messages_body
 
 WINDOW_STOP = "model_context_window_exceeded"
+WINDOW_STOP_BYTES = WINDOW_STOP.encode()
 WINDOW_STOP_HEADER = "x-gateway-context-window-exceeded"
 
 
@@ -61,6 +62,8 @@ def _error_event(message: str, code: str) -> bytes:
 
 
 def _window_stop(body: bytes) -> list[tuple[str, str]]:
+    if WINDOW_STOP_BYTES not in body:  # the answer is not parsed a second time for nothing
+        return []
     try:
         answer = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -73,8 +76,10 @@ def _window_stop(body: bytes) -> list[tuple[str, str]]:
 
 def _window_stop_in_stream(tail: bytes) -> None:
     # The stop reason arrives in the last message_delta, after the headers went out: a metric only.
+    if WINDOW_STOP_BYTES not in tail:  # nearly always: no need to split the tail into events
+        return
     for event in tail.split(b"\n\n"):
-        if b"message_delta" in event and WINDOW_STOP.encode() in event:
+        if b"message_delta" in event and WINDOW_STOP_BYTES in event:
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
                     try:
