@@ -15,6 +15,7 @@ from starlette.routing import Route
 from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.middleware import RequestGuard
+from gateway.request_log import RequestLines
 from gateway.request_path import PathGuard
 from gateway.routes.chat import chat_completions
 from gateway.routes.health import healthz, metrics_endpoint, readyz
@@ -78,7 +79,10 @@ def create_app(settings: Settings) -> Starlette:
             HTTPException: http_error,
         },
         # Outside the routes and their handlers: a bug anywhere still answers a clean 500.
-        middleware=[Middleware(RequestGuard), Middleware(PathGuard)],
+        middleware=[
+            Middleware(RequestGuard, lines=RequestLines(settings.server.log_format)),
+            Middleware(PathGuard),
+        ],
         lifespan=lifespan,
     )
     # Starlette would answer GET /v1 with a redirect to a URL built from the client's Host header.

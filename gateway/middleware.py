@@ -22,7 +22,7 @@ from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.log_safety import printable
 from gateway.proxy_headers import GATEWAY_REQUEST_ID, request_id_for
-from gateway.request_log import RequestRecord, log_request
+from gateway.request_log import RequestLines, RequestRecord
 
 log = logging.getLogger("gateway")
 
@@ -45,8 +45,9 @@ def route_label(path: str) -> str:
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, lines: RequestLines) -> None:
         self.app = app
+        self.lines = lines
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,7 +100,7 @@ class RequestGuard:
                 time.perf_counter() - record.started
             )
             if record.route not in _UNLOGGED_ROUTES:
-                log_request(record)
+                self.lines.write(record)
 
 
 async def _answer_500(send: Send, request_id: str) -> None:
