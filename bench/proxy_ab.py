@@ -35,8 +35,9 @@ SETTLE_SECONDS = 0.05  # the last responses' bookkeeping lands before CPU times 
 WARMUP_REQUESTS = 300
 
 
-def servers(baseline: Path | None, logs: Path) -> dict[str, Server]:
-    """The fake upstream, the aiohttp floor, `baseline`'s gateway (if any) and this checkout's."""
+def servers(baseline: Path | None, logs: Path, log_level: str = "warning") -> dict[str, Server]:
+    """The fake upstream, the aiohttp floor, `baseline`'s gateway (if any) and this checkout's,
+    the gateways logging at `log_level`."""
     env = bench_environment()
     running: dict[str, Server] = {}
     try:
@@ -56,7 +57,7 @@ def servers(baseline: Path | None, logs: Path) -> dict[str, Server]:
             upstream.origin,
         ]
         running[FLOOR_AIOHTTP] = start(FLOOR_AIOHTTP, floor, health="/healthz", env=env, logs=logs)
-        gateway_env = gateway_environment(upstream)
+        gateway_env = {**gateway_environment(upstream), "GATEWAY_SERVER_LOG_LEVEL": log_level}
         serve = ["-m", "gateway.cli", "serve"]
         if baseline is not None:
             running[BASELINE] = start(

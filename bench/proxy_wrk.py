@@ -1,7 +1,7 @@
 """Proxy CPU per request with wrk as the client: the gateway beside the aiohttp floor.
 
     python bench/proxy_wrk.py [--baseline DIR] [--api A ...] [--size S ...] [--concurrency 8 64]
-                              [--same-body] [--seconds 3] [--rounds 5]
+                              [--same-body] [--seconds 3] [--rounds 5] [--log-level warning|info]
 
 bench/proxy_overhead.py drives the targets from a Python (aiohttp) client, which
 takes a core's worth of CPU on this 2-core machine. wrk (Debian's `wrk`
@@ -159,6 +159,12 @@ def main() -> int:
     parser.add_argument("--same-body", action="store_true", help="one identical body for every request")
     parser.add_argument("--seconds", type=float, default=3.0, help="wrk load per target, cell and round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--log-level",
+        choices=("warning", "info"),
+        default="warning",
+        help="the gateways' log level (info, the default of `serve`, writes a line per request)",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         parser.error("wrk is not installed (Debian: apt-get install wrk)")
@@ -166,14 +172,15 @@ def main() -> int:
         parser.error(f"{args.baseline} is not a checkout of this project")
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
-        running = servers(args.baseline.resolve() if args.baseline else None, logs)
+        running = servers(args.baseline.resolve() if args.baseline else None, logs, args.log_level)
         upstream = running.pop("upstream")
         try:
             pin(upstream, CLIENT_CPU)
             for server in running.values():
                 pin(server, PROXY_CPU)
             print(
-                f"wrk, {'one identical body' if args.same_body else 'a new latest message per request'}; "
+                f"wrk, {'one identical body' if args.same_body else 'a new latest message per request'}, "
+                f"gateways logging at {args.log_level}; "
                 f"proxy CPU ms per request, median of {args.rounds} rounds of {args.seconds:g} s per target"
             )
             names = [name for name in running if name != FLOOR_AIOHTTP]
