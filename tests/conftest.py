@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -27,16 +28,23 @@ GatewayFactory = Callable[..., str]
 
 @pytest.fixture(autouse=True)
 def isolated_process_state() -> Iterator[None]:
-    """Calibration factors and cached counts are process-wide: no test sees another's."""
+    """Calibration factors, cached counts and the gateway's log configuration are process-wide: no
+    test sees another's (a CLI test configures logging as `context-gateway` does at start; left so,
+    the request lines of later tests' gateways would land on the run's own output)."""
     CALIBRATION.clear()
     MESSAGE_COUNTS.clear()
     CONVERSATIONS.clear()
     PARSERS.clear()
+    logger = logging.getLogger("gateway")
+    level, handlers, propagate = logger.level, list(logger.handlers), logger.propagate
     yield
     CALIBRATION.clear()
     MESSAGE_COUNTS.clear()
     CONVERSATIONS.clear()
     PARSERS.clear()
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
+    logger.propagate = propagate
 
 
 @pytest.fixture(scope="session")
