@@ -9,7 +9,7 @@ steady load. Measured in the served gateway (gc.callbacks, 8 requests in flight,
 chat bodies): a young collection every ~9 requests, each walking the ~1,200 objects of
 the requests in flight; every ~1,500 requests a full one walking all that start-up
 loaded (modules, the model map), 24 ms with every request in flight stalled behind it;
-~28 µs of CPU per request in all, ~2% of the gateway's.
+~27 µs of CPU per request in all, about a tenth of a small request (bench/proxy_wrk.py).
 
 So, once started: what start-up loaded is moved out of the collector's view (`gc.freeze`;
 nothing of it is garbage, and it is only freed at exit), and a young collection waits for
