@@ -13,8 +13,9 @@ loaded (modules, the model map), 24 ms with every request in flight stalled behi
 
 So, once started: what start-up loaded is moved out of the collector's view (`gc.freeze`;
 nothing of it is garbage, and it is only freed at exit), and a young collection waits for
-`YOUNG_THRESHOLD` net allocations, which the same load never reached. Reference loops that
-do form (an exception kept with its traceback) are still collected, a little later.
+`YOUNG_THRESHOLD` net allocations: 2-4 young collections and no full one in the same
+13,000 requests. Reference loops that do form (an exception kept with its traceback) are
+still collected, a little later.
 """
 
 from __future__ import annotations
