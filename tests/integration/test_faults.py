@@ -41,6 +41,7 @@ from tests.conftest import GatewayFactory
 from tests.fakes.serve import free_port
 from tests.fakes.tokens import count_prompt
 from tests.fakes.upstream import FakeUpstream, create_app
+from tests.metrics import metric
 
 KEY = "sk-test-caller-0123456789abcdef"
 CHAT = "/v1/chat/completions"
@@ -102,13 +103,6 @@ def _wait_for(predicate: Any, seconds: float = 3.0) -> bool:
     return bool(predicate())
 
 
-def _metric(gateway_url: str, name: str) -> float:
-    """A counter from the gateway's /metrics (process-wide: compare before and after)."""
-    text = httpx.get(gateway_url.removesuffix("/v1") + "/metrics").text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 # --- connection refused ---------------------------------------------------------------------
 
 
@@ -149,7 +143,7 @@ def test_refused_then_listening_is_retried_until_it_answers(start_gateway: Gatew
         GATEWAY_UPSTREAM_RETRIES_BACKOFF_INITIAL="0.05",
         GATEWAY_UPSTREAM_RETRIES_BACKOFF_MAX="0.1",
     )
-    retries_before = _metric(url, "gateway_upstream_retries_total")
+    retries_before = metric(url, "gateway_upstream_retries_total")
     result: dict[str, Any] = {}
 
     def call() -> None:
@@ -163,7 +157,7 @@ def test_refused_then_listening_is_retried_until_it_answers(start_gateway: Gatew
     # The gateway's first attempt is immediate once it holds the request; wait until it does,
     # however slow the machine, then long enough for several backed-off attempts to be refused.
     deadline = time.monotonic() + NO_HANG
-    while _metric(url, "gateway_requests_in_flight") < 2:  # the scrape itself is one
+    while metric(url, "gateway_requests_in_flight") < 2:  # the scrape itself is one
         assert time.monotonic() < deadline, "the request never reached the gateway"
         time.sleep(0.02)
     time.sleep(0.4)
@@ -174,7 +168,7 @@ def test_refused_then_listening_is_retried_until_it_answers(start_gateway: Gatew
     assert "error" not in result, result
     assert result["answer"].choices[0].message.content == "echo: " + QUESTION[0]["content"]
     assert late.hits[CHAT] == 1  # refused attempts never arrived; the one that did is not repeated
-    assert _metric(url, "gateway_upstream_retries_total") - retries_before >= 1
+    assert metric(url, "gateway_upstream_retries_total") - retries_before >= 1
 
 
 def test_connect_timeout_is_retried_then_504(start_gateway: GatewayFactory) -> None:
@@ -239,11 +233,11 @@ def test_server_error_every_time_relays_the_last_after_max_attempts(
 ) -> None:
     fake_upstream.faults = ["503"] * 10
     url = start_gateway(**FAST, GATEWAY_UPSTREAM_RETRIES_MAX_ATTEMPTS="3")
-    retries_before = _metric(url, "gateway_upstream_retries_total")
+    retries_before = metric(url, "gateway_upstream_retries_total")
     with pytest.raises(openai.InternalServerError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert caught.value.status_code == 503
-    assert _metric(url, "gateway_upstream_retries_total") - retries_before == 2
+    assert metric(url, "gateway_upstream_retries_total") - retries_before == 2
     assert caught.value.body == {  # the upstream's own error, relayed
         "message": "The server is overloaded or not ready yet.",
         "type": "server_error",
@@ -289,14 +283,14 @@ def test_429_with_retry_after_beyond_the_cap_goes_to_the_client(
     fake_upstream.faults = ["429"]
     fake_upstream.retry_after = 30
     url = start_gateway(**FAST, GATEWAY_UPSTREAM_RETRIES_RETRY_AFTER_CAP="1")
-    retries_before = _metric(url, "gateway_upstream_retries_total")
+    retries_before = metric(url, "gateway_upstream_retries_total")
     with pytest.raises(openai.RateLimitError) as caught:
         _sdk(url).chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert caught.value.code == "rate_limit_exceeded"
     assert caught.value.response.headers["retry-after"] == "30"  # the client can wait it out itself
     assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
     assert _hits(fake_upstream) == 1
-    assert _metric(url, "gateway_upstream_retries_total") == retries_before  # none was made
+    assert metric(url, "gateway_upstream_retries_total") == retries_before  # none was made
 
 
 def test_retry_after_counts_against_the_total_time_bound(

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import GatewayFactory
 from tests.fakes import anthropic_api
 from tests.fakes.upstream import FakeUpstream
+from tests.metrics import metric
 
 MODEL = "claude-haiku-4-5"
 WINDOW = 3_000
@@ -187,13 +188,6 @@ def test_context_window_stop_is_reported_not_retried(
     assert len(fake_upstream.requests_to("/v1/messages")) == 1
 
 
-def _window_stops(root: str) -> float:
-    for line in httpx.get(f"{root}/metrics").text.splitlines():
-        if line.startswith("gateway_context_window_stops_total "):
-            return float(line.split()[-1])
-    raise AssertionError("no gateway_context_window_stops_total in /metrics")
-
-
 def test_context_window_stop_in_a_stream_is_counted(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
@@ -203,13 +197,13 @@ def test_context_window_stop_in_a_stream_is_counted(
     beta = {"anthropic-beta": anthropic_api.CONTEXT_WINDOW_BETA}
     with anthropic.Anthropic(base_url=root, api_key="k", max_retries=0) as client:
         for max_tokens, stops in ((2_999, 1), (16, 0)):
-            before = _window_stops(root)
+            before = metric(root, "gateway_context_window_stops_total")
             with client.messages.stream(
                 model=MODEL, max_tokens=max_tokens, messages=[user("hello")], extra_headers=beta
             ) as stream:
                 stopped = stream.get_final_message().stop_reason
             assert (stopped == "model_context_window_exceeded") == bool(stops)
-            assert _window_stops(root) - before == stops
+            assert metric(root, "gateway_context_window_stops_total") - before == stops
 
 
 def test_gateway_errors_are_anthropic_shaped(claude: anthropic.Anthropic, gateway_root: str) -> None:

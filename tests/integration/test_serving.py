@@ -23,6 +23,7 @@ import pytest
 
 from bench import servers
 from tests.fakes.upstream import FakeUpstream
+from tests.metrics import metric
 
 GATEWAY_KEY = "sk-gateway-own-key-" + "7" * 24
 CLIENT_KEY = "sk-client-key-" + "3" * 24
@@ -44,14 +45,6 @@ def _log_lines(server: servers.Server) -> list[dict[str, Any]]:
 def _request_lines(server: servers.Server, **match: Any) -> list[dict[str, Any]]:
     lines = [line for line in _log_lines(server) if line["logger"] == "gateway.requests"]
     return [line for line in lines if all(line.get(k) == v for k, v in match.items())]
-
-
-def _chat_count(origin: str) -> float:
-    """gateway_requests_total for 2xx chat completions, as one scrape reports it."""
-    for line in httpx.get(f"{origin}/metrics").text.splitlines():
-        if line.startswith('gateway_requests_total{route="chat_completions",status="2xx"}'):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def _long_conversation(model: str) -> dict[str, Any]:
@@ -117,7 +110,7 @@ def test_workers_share_a_learned_window_through_redis(
 
 def test_metrics_add_up_every_worker(workers: servers.Server, fake_upstream: FakeUpstream) -> None:
     model = f"metrics-{uuid.uuid4().hex[:8]}"
-    before = _chat_count(workers.origin)
+    before = metric(workers.origin, "gateway_requests_total", route="chat_completions", status="2xx")
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: _post_fresh(workers.origin, body), range(40)))

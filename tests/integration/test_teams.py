@@ -24,6 +24,7 @@ from gateway.policy.keys import hash_key
 from gateway.policy.limits import RedisLimits, Usage
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
+from tests.metrics import metric
 
 KEY = "cgw-research-key-0001"
 OTHER_KEY = "cgw-other-team-key-0002"
@@ -59,17 +60,6 @@ def start_team_gateway(
 
 def client(url: str, key: str = KEY, retries: int = 0) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key=key, max_retries=retries)
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url.removesuffix("/v1") + "/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and line.split(" ")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def redis_day(redis_url: str) -> int:
