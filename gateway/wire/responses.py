@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from gateway.wire.base import ChatView, Message, counted_body
-from gateway.wire.responses_memory import Conversions, Converted
+from gateway.wire.responses_memory import Conversions, Converted, Reuse
 
 ORIGIN = "x_context_gateway_origin"
 USER_SIDE_ROLES = frozenset({"user", "system", "developer"})
@@ -96,7 +96,8 @@ class ResponsesInput:
         request made them (`responses_memory.py`), then the new items', with each message's JSON,
         remembered for the next request."""
         items, conversions = layout.items, self.conversions
-        known, reused = conversions.longest(items) if conversions is not None else (None, 0)
+        reuse = conversions.longest(items) if conversions is not None else Reuse()
+        known, reused = reuse.converted, reuse.messages
         columns: tuple[list[Any], ...] = ([], [], [], [], [])
         messages, origins, _, _, encoded = columns
         if known is not None:
@@ -116,9 +117,7 @@ class ResponsesInput:
             return Converted.bare(messages)
         converted = Converted(tuple(items), *map(tuple, columns))
         if len(messages) > reused:
-            # It replaces the conversation it grew from (which may have ended in a run it continued).
-            grew = known is not None and reused >= len(known.messages) - 1
-            conversions.remember(converted, known if grew else None)
+            conversions.remember(converted, reuse.replaces)
         return converted
 
     def _messages(self, layout: _Layout, start: int) -> Iterator[tuple[Message, range, bool, bool]]:

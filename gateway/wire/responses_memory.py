@@ -65,8 +65,9 @@ class Converted:
         taken to be as large (the items may outlive the parse's memory of them)."""
         return 3 * sum(map(len, self.encoded))
 
-    def reusable(self, items: Sequence[Any]) -> int:
-        """How many leading messages `items` makes exactly as these items did."""
+    def shared_with(self, items: Sequence[Any]) -> tuple[int, int]:
+        """How many leading items `items` shares with these (the very objects), and how many leading
+        messages it therefore makes exactly as these items did."""
         known = 0
         for ours, theirs in zip(self.items, items, strict=False):
             if ours is not theirs:
@@ -79,24 +80,40 @@ class Converted:
             self.settled[count - 1] and (self.origins[count - 1].stop < known or not self.runs[count - 1])
         ):
             count -= 1
-        return count
+        return known, count
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a request's items take from the remembered conversation sharing the most messages."""
+
+    converted: Converted | None = None
+    messages: int = 0  # leading messages made exactly as `converted`'s
+    items: int = 0  # leading items shared with `converted`
+
+    @property
+    def replaces(self) -> Converted | None:
+        """The remembered conversation the request's own takes the place of: the one it grew
+        from, or whose newest item it rewrote (an edit, a retry, another question after the same
+        history), which will not be sent again. Otherwise it branched off earlier: both are kept."""
+        converted = self.converted
+        return converted if converted is not None and self.items >= len(converted.items) - 1 else None
 
 
 class Conversions:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._openings: Openings[Converted] = Openings(PER_OPENING, max_bytes)
 
-    def longest(self, items: Sequence[Any]) -> tuple[Converted | None, int]:
-        """The remembered conversation whose messages `items` reuses the most of, and how many."""
+    def longest(self, items: Sequence[Any]) -> Reuse:
+        """The remembered conversation whose messages `items` reuses the most of."""
+        best = Reuse()
         if not items:
-            return None, 0
-        best: Converted | None = None
-        best_count = 0
+            return best
         for converted in self._openings.newest_first(id(items[0])):
-            count = converted.reusable(items)
-            if count > best_count:
-                best, best_count = converted, count
-        return best, best_count
+            known, count = converted.shared_with(items)
+            if count > best.messages:
+                best = Reuse(converted, count, known)
+        return best
 
     def remember(self, converted: Converted, replaces: Converted | None) -> None:
         if converted.items:

@@ -87,6 +87,22 @@ def test_a_run_that_reached_the_end_of_the_known_items_is_made_again() -> None:
     assert second.messages[-2]["tool_calls"][0]["id"] == "call_x"
 
 
+def test_new_questions_after_the_same_answer_keep_one_conversation() -> None:
+    """Each request asks another question after the same history ending in the model's answer (an
+    edit, a retry, users of one few-shot prompt): each replaces the last, so one conversation is
+    remembered and searched, not one per question. The answer is a run the new question ends, so
+    it is made again: the rule for replacing counts items, not reused messages."""
+    wire = ResponsesInput(Conversions())
+    history = [
+        {"role": "user", "content": "What does the config loader do?"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "It reads YAML."}]},
+    ]
+    for n in range(12):
+        payload = {"model": GPT, "input": [*history, {"role": "user", "content": f"Question {n}?"}]}
+        same_as_fresh(wire.view(payload), payload)
+    assert len(wire.conversions) == 1
+
+
 def test_an_item_replaced_by_another_object_is_converted_again_from_there() -> None:
     wire = ResponsesInput(Conversions())
     items = loop_body(4)["input"]
