@@ -14,10 +14,14 @@ does (a run of model-side items that reached the head's end may go on), and
 no call is left unanswered after it. Conversion goes on from there, and the
 count compares the same JSON objects (instant) instead of writing them again.
 
-An entry holds its items, so an item's `id` (the key: the conversation's
-first item) is never another object's while the entry exists. Each key keeps
-its `PER_OPENING` most recent conversations; the store is bounded by the
-bytes it holds, least recently used first out. Used from the event loop only.
+Only conversations of at least `MIN_BODY_BYTES` of JSON are remembered: a
+smaller body is parsed whole, so its items are new objects every time, and
+remembering them cost a one-shot request ~9 µs (bench/proxy_payloads.py's
+small body, in-process) for nothing. An entry holds its items, so an item's
+`id` (the key: the conversation's first item) is never another object's
+while the entry exists. Each key keeps its `PER_OPENING` most recent
+conversations; the store is bounded by the bytes it holds, least recently
+used first out. Used from the event loop only.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_new_questions_after_the_same_answer_keep_one_conversation() -> None:
     wire = ResponsesInput(Conversions())
     history = [
         {"role": "user", "content": "What does the config loader do?"},
-        {"role": "assistant", "content": [{"type": "output_text", "text": "It reads YAML."}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "It reads YAML. " * 1200}]},
     ]
     for n in range(12):
         payload = {"model": GPT, "input": [*history, {"role": "user", "content": f"Question {n}?"}]}
@@ -143,7 +143,10 @@ def test_the_memory_never_changes_what_a_view_makes(
     them out), the view is a fresh view's, and its JSON each message's."""
     wire = ResponsesInput(Conversions())
     body = responses_body(seed, turns, reasoning, string_parts=False)
-    items: list[Any] = body["input"]
+    # A task long enough for the memory to keep the conversation (MIN_BODY_BYTES).
+    task = {"role": "user", "content": "Context: " + "the config is read. " * 900}
+    items: list[Any] = [task, *body["input"]]
+    body["input"] = items
     wire.view(body)
     for serial, (edit, at) in enumerate(edits):
         k = at % (len(items) + 1)
@@ -163,11 +166,20 @@ def test_the_memory_never_changes_what_a_view_makes(
         same_as_fresh(wire.view(payload), payload)
 
 
+def test_a_conversation_too_small_for_the_parse_to_share_is_not_remembered() -> None:
+    """Under MIN_BODY_BYTES the parse makes new items for every body: nothing could find them."""
+    wire = ResponsesInput(Conversions())
+    wire.view(loop_body(1))
+    assert len(wire.conversions) == 0
+    wire.view(loop_body(8))
+    assert len(wire.conversions) == 1
+
+
 def test_the_memory_stays_within_its_bytes() -> None:
     conversions = Conversions(max_bytes=200_000)
     wire = ResponsesInput(conversions)
     for task in range(40):
-        items = loop_body(3)["input"]
+        items = loop_body(8)["input"]
         items[0] = {"role": "user", "content": f"task {task}"}
         wire.view({"model": GPT, "input": items})
     assert 0 < conversions.size <= 200_000
