@@ -109,11 +109,15 @@ class Head:
         """How many leading entries `raw` has byte for byte as this body has them: all (it grew from
         this one), all but the newest (a retry, an edit of the newest), or none as far as this
         is concerned (an older entry was rewritten: the body is parsed whole). Two comparisons at
-        most, so a body costs at most `PER_OPENING` × 2 passes of memcmp over it."""
-        body, count = memoryview(self.raw), len(self.ends)
-        if raw.startswith(body[: self.ends[-1]]):
+        most, so a body costs at most `PER_OPENING` × 2 passes of memcmp over it. The newest entry
+        is compared first: when it differs, the whole head would differ only at its end, one pass
+        for nothing."""
+        body, ends = memoryview(self.raw), self.ends
+        count = len(ends)
+        newest = self.start if count == 1 else ends[-2] + 1  # after the comma ending the entry before
+        if raw.startswith(body[newest : ends[-1]], newest) and raw.startswith(body[: ends[-1]]):
             return count
-        if count > 1 and raw.startswith(body[: self.ends[-2]]):
+        if count > 1 and raw.startswith(body[: ends[-2]]):
             return count - 1
         return 0
 
