@@ -22,9 +22,10 @@ the budget: no method can keep it intact), share of the three newest intact (med
 tool calls still present (as calls), budget use of each loop's last request,
 refusals, and over growing loops that send a request after every step: budget
 use (median over every request that needed compression) and prefix stability; against
-keep-newest and progressive-cap. `--option KEY=VALUE` runs context-gateway
-with another compression setting (as in config/gateway.example.yaml), to
-weigh budget use against cache stability.
+keep-newest and progressive-cap. Under each budget, the prefix ceiling: the most stability
+any method can reach on those growing loops while every request keeps its new step whole.
+`--option KEY=VALUE` runs context-gateway with another compression setting (as in
+config/gateway.example.yaml), to weigh budget use against cache stability.
 Then the gateway on the same conversations written in each API's own shape
 (bench/native_shapes.py): chat completions, Anthropic Messages and OpenAI
 Responses, fitted through gateway.wire, validated by the fake upstream's
@@ -334,6 +335,18 @@ def loop_stability(method: Method, loop: AgentLoop, ratio: float) -> tuple[float
     return (statistics.fmean(shares) if shares else 0.0), uses
 
 
+def prefix_ceiling(loop: AgentLoop, ratio: float) -> float:
+    """The highest prefix stability any method can reach over the loop's requests at this budget
+    while each request keeps its new step whole. Request N+1 holds the prefix it shares with N's
+    prompt, then the new step, within the budget; summed over the loop, at least (final size −
+    budget) tokens of the prompts before are therefore no prefix of the next, each a share of a
+    prompt no larger than the budget."""
+    final = COUNTER.messages(loop.messages)
+    budget = int(final / ratio)
+    pairs = len(loop_requests(loop)) - 1
+    return 1 - max(0, final - budget) / (budget * pairs)
+
+
 def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growing_steps: int) -> None:
     loops = [
         agent_loop(seed, n, style, prior_turns=3 * (seed % 2))
@@ -370,7 +383,8 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
                 f"{stable:6.3f}",
                 flush=True,
             )
-        print()
+        ceiling = statistics.fmean(prefix_ceiling(loop, ratio) for loop in grown)
+        print(f"{'':>7} prefix ceiling for any method that keeps every new step whole: {ceiling:.3f}\n")
 
 
 DIGEST_RATIOS = (2.0, 4.0, 10.0)
