@@ -66,7 +66,8 @@ _MAX_NODES = 4096
 _MAX_EMBEDDED_JSON = 3
 # How many SSE events of a stream's head are inspected for an error event.
 _MAX_STREAM_EVENTS = 8
-_NULL_ERROR = re.compile(rb'"error"\s*:\s*null')
+# Within one line: what holds for a stream head's lines then holds for every event joined from them.
+_NULL_ERROR = re.compile(rb'"error"[ \t]*:[ \t]*null')
 # Larger numbers are garbage, not token counts (no model has a billion-token window).
 _MAX_TOKENS = 1_000_000_000
 
@@ -639,11 +640,11 @@ def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
 
 
 def _only_null_errors(payload: bytes) -> bool:
-    """Whether every `"error"` in the event is a key set to null, as in each ordinary event of the
-    Responses API, which then cannot be shaped as an error: it is not parsed. (Those events echo
-    the request's instructions and tools, so parsing them cost more than the rest of the head.)
-    An error's own `"error"` is an object or a string value, and `response.failed` is matched
-    by name, so no error event is skipped."""
+    """Whether every `"error"` in the event (or a whole stream head) is a key set to null, as in
+    each ordinary event of the Responses API, which then cannot be shaped as an error: it is not
+    parsed. (Those events echo the request's instructions and tools, so parsing them cost more
+    than the rest of the head.) An error's own `"error"` is an object or a string value, and
+    `response.failed` is matched by name, so no error event is skipped."""
     return (
         payload.count(b'"error"') == len(_NULL_ERROR.findall(payload)) and b"response.failed" not in payload
     )
@@ -657,8 +658,10 @@ def classify_stream_error(chunk: bytes) -> Overflow | None:
     read, so a completion whose text talks about context lengths never matches.
     """
     head = chunk[:_SCAN_LIMIT]
-    # Every error shape names "error"; most streams never do, and skip the parse entirely.
-    if b"error" not in head:
+    # Every error shape names "error"; most streams never do, and skip the parse entirely. A
+    # Responses stream names it in every event, set to null: then no event can be an error, and
+    # the head is not split into events either.
+    if b"error" not in head or _only_null_errors(head):
         return None
     for payload in itertools.islice(_sse_payloads(head), _MAX_STREAM_EVENTS):
         if b"error" not in payload or payload.strip() == b"[DONE]" or _only_null_errors(payload):

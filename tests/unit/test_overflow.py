@@ -1319,6 +1319,9 @@ SGLANG_MESSAGE = "The input (400013 tokens) is longer than the model's context l
         b"data: "
         b'{"id":"1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}'
         b"\n\ndata: " + orjson.dumps({"error": {"message": SGLANG_MESSAGE, "code": 400}}) + b"\n\n",
+        # After an event whose "error" is null, as every Responses event has it.
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"r","error":null}}'
+        b"\n\ndata: " + orjson.dumps({"error": {"message": SGLANG_MESSAGE}}) + b"\n\n",
     ],
     ids=[
         "sglang-error-wrapper",
@@ -1328,6 +1331,7 @@ SGLANG_MESSAGE = "The input (400013 tokens) is longer than the model's context l
         "multi-line-data",
         "bare-json",
         "after-role",
+        "after-null-errors",
     ],
 )
 def test_stream_error_events(chunk: bytes) -> None:
