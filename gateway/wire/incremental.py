@@ -108,10 +108,10 @@ class Head:
     def shared_with(self, raw: bytes) -> int:
         """How many leading entries `raw` has byte for byte as this body has them: all (it grew from
         this one), all but the newest (a retry, an edit of the newest), or none as far as this
-        is concerned (an older entry was rewritten: the body is parsed whole). Two comparisons at
-        most, so a body costs at most `PER_OPENING` × 2 passes of memcmp over it. The newest entry
-        is compared first: when it differs, the whole head would differ only at its end, one pass
-        for nothing."""
+        is concerned (an older entry was rewritten: the body is parsed whole). Two passes of
+        memcmp over it at most, so a body costs at most `PER_OPENING` × 2 of them. The newest entry
+        is compared first (once more, when it matches): when it differs, the whole head would
+        differ only at its end, one pass for nothing."""
         body, ends = memoryview(self.raw), self.ends
         count = len(ends)
         newest = self.start if count == 1 else ends[-2] + 1  # after the comma ending the entry before
