@@ -35,7 +35,6 @@ from typing import Any
 import orjson
 
 from gateway.wire.base import ChatView, Message, counted_body
-from gateway.wire.incremental import MIN_BODY_BYTES
 from gateway.wire.responses_memory import Conversions, Converted, Reuse
 
 ORIGIN = "x_context_gateway_origin"
@@ -117,9 +116,7 @@ class ResponsesInput:
         except TypeError:
             return Converted.bare(messages)
         converted = Converted(tuple(items), *map(tuple, columns))
-        # A body under MIN_BODY_BYTES is parsed whole (`incremental.py`): its items are new objects
-        # every time, so no later request could be recognised by them.
-        if len(messages) > reused and sum(map(len, encoded)) >= MIN_BODY_BYTES:
+        if len(messages) > reused:
             conversions.remember(converted, reuse.replaces)
         return converted
 

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from gateway.openings import Openings
 from gateway.wire.base import Message
+from gateway.wire.incremental import MIN_BODY_BYTES
 
 PER_OPENING: Final = 8
 DEFAULT_MAX_BYTES: Final = 32 * 1024 * 1024
@@ -64,10 +65,15 @@ class Converted:
         return (self.messages, self.origins, self.runs, self.settled, self.encoded)
 
     @cached_property
+    def json_bytes(self) -> int:
+        """The messages' JSON, in bytes."""
+        return sum(map(len, self.encoded))
+
+    @cached_property
     def size(self) -> int:
         """Bytes held: the messages' JSON, and the messages and the items they were made from, each
         taken to be as large (the items may outlive the parse's memory of them)."""
-        return 3 * sum(map(len, self.encoded))
+        return 3 * self.json_bytes
 
     def shared_with(self, items: Sequence[Any]) -> tuple[int, int]:
         """How many leading items `items` shares with these (the very objects), and how many leading
@@ -120,7 +126,9 @@ class Conversions:
         return best
 
     def remember(self, converted: Converted, replaces: Converted | None) -> None:
-        if converted.items:
+        """Keep `converted` in place of `replaces`, if it is large enough for the parse to hand its
+        items out again (module docstring)."""
+        if converted.items and converted.json_bytes >= MIN_BODY_BYTES:
             self._openings.remember(id(converted.items[0]), converted, replaces)
 
     @property
