@@ -282,13 +282,18 @@ def _step_results(loop: AgentLoop, step: int) -> set[str]:
     return _results(loop.messages[loop.step_starts[step] : ends[step]])
 
 
+def loop_budget(loop: AgentLoop, ratio: float) -> int:
+    """A loop's budget at `ratio`: its final size / ratio."""
+    return int(COUNTER.messages(loop.messages) / ratio)
+
+
 def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict[str, float]:
     """Per loop, its last request at a budget of its size / ratio; shares in %, budget use as a ratio."""
     rows: dict[str, list[float]] = {
         key: [] for key in ("fits", "valid", "task", "newest", "three", "calls", "use", "refused", "over")
     }
     for loop in loops:
-        budget = int(COUNTER.messages(loop.messages) / ratio)
+        budget = loop_budget(loop, ratio)
         # A newest step larger than the whole budget cannot stay intact, whatever the method.
         rows["over"].append(float(COUNTER.messages(loop.messages[loop.step_starts[-1] :]) > budget))
         out, _ = timed(method, loop.messages, budget)
@@ -320,7 +325,7 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
 def loop_stability(method: Method, loop: AgentLoop, ratio: float) -> tuple[float, list[float]]:
     """Prefix stability over the loop's every request, at a budget of its final size / ratio, and
     the budget use of each request that did not fit as it was."""
-    budget = int(COUNTER.messages(loop.messages) / ratio)
+    budget = loop_budget(loop, ratio)
     outputs = []
     uses = []
     for request in loop_requests(loop):
@@ -341,8 +346,7 @@ def prefix_ceiling(loop: AgentLoop, ratio: float) -> float:
     prompt, then the new step, within the budget; summed over the loop, at least (final size −
     budget) tokens of the prompts before are therefore no prefix of the next, each a share of a
     prompt no larger than the budget."""
-    final = COUNTER.messages(loop.messages)
-    budget = int(final / ratio)
+    final, budget = COUNTER.messages(loop.messages), loop_budget(loop, ratio)
     pairs = len(loop_requests(loop)) - 1
     return 1 - max(0, final - budget) / (budget * pairs)
 
