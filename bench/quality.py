@@ -1,7 +1,8 @@
 """Compression quality benchmark: context-gateway's `fit` against three baselines.
 
     python -m bench.quality [--seeds 2] [--turns 60] [--huge-tokens 1000000] [--agent-loop]
-                            [--only-loops] [--loop-steps 25,60,160] [--option KEY=VALUE ...] [--only-shapes]
+                            [--only-loops] [--loop-steps 25,60,160] [--loops-from PATH ...]
+                            [--option KEY=VALUE ...] [--only-shapes]
 
 For budgets of 1/1.5, 1/3 and 1/10 of each generated conversation's size it
 prints, per method: fits %, strict-API-valid % (tests/fakes/validation.py),
@@ -24,6 +25,8 @@ refusals, and over growing loops that send a request after every step: budget
 use (median over every request that needed compression) and prefix stability; against
 keep-newest and progressive-cap. Under each budget, the prefix ceiling: the most stability
 any method can reach on those growing loops while every request keeps its new step whole.
+`--loops-from` takes agent transcripts from files instead (bench/transcripts.py): the table
+over them, each also replayed step by step for use and stability.
 `--option KEY=VALUE` runs context-gateway with another compression setting (as in
 config/gateway.example.yaml), to weigh budget use against cache stability.
 Then the gateway on the same conversations written in each API's own shape
@@ -67,11 +70,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 import gateway  # noqa: F401  (offline tiktoken)
+from bench import transcripts
 from bench.conversations import (
     KINDS,
     STATED_KINDS,
@@ -302,7 +307,7 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
         fits = bool(out) and COUNTER.messages(out) <= budget
         rows["fits"].append(float(fits))
         rows["valid"].append(float(fits and validate_chat_messages(out) is None))
-        task = loop.messages[loop.step_starts[0] - 1]
+        task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if m.get("role") == "user")
         rows["task"].append(float(fits and any(m == task for m in out)))
         kept = _results(out) if fits else set()
         steps = len(loop.step_starts)
@@ -351,7 +356,10 @@ def prefix_ceiling(loop: AgentLoop, ratio: float) -> float:
     return 1 - max(0, final - budget) / (budget * pairs)
 
 
-def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growing_steps: int) -> None:
+def generated_loops(
+    seeds: int, steps: list[int], growing_steps: int
+) -> tuple[list[AgentLoop], list[AgentLoop], str]:
+    """bench/conversations.py's loops for the table, the growing loops for stability, and a title."""
     loops = [
         agent_loop(seed, n, style, prior_turns=3 * (seed % 2))
         for seed in range(seeds)
@@ -362,11 +370,32 @@ def print_loops(methods: dict[str, Method], seeds: int, steps: list[int], growin
         agent_loop(seed, growing_steps, style) for seed in range(seeds) for style in ("openai", "anthropic")
     ]
     sizes = [COUNTER.messages(loop.messages) for loop in loops]
-    print(
-        f"\nAgent loops: {len(loops)} loops of {','.join(map(str, steps))} steps, "
+    title = (
+        f"Agent loops: {len(loops)} loops of {','.join(map(str, steps))} steps, "
         f"{min(sizes):,}–{max(sizes):,} tokens; "
-        f"stability over {len(grown)} growing loops of {growing_steps} steps (every step a request)\n"
+        f"stability over {len(grown)} growing loops of {growing_steps} steps (every step a request)"
     )
+    return loops, grown, title
+
+
+def given_loops(paths: list[Path]) -> tuple[list[AgentLoop], list[AgentLoop], str]:
+    """Transcripts from files (bench/transcripts.py): the table and the stability both over them."""
+    loops = list(transcripts.load(paths))
+    if not loops:
+        raise transcripts.TranscriptError(f"no *.json transcript in {', '.join(map(str, paths))}")
+    sizes = [COUNTER.messages(loop.messages) for loop in loops]
+    steps = [len(loop.step_starts) for loop in loops]
+    title = (
+        f"Agent loops from files: {len(loops)} transcripts of {min(steps)}–{max(steps)} steps, "
+        f"{min(sizes):,}–{max(sizes):,} tokens; stability over each, every step a request"
+    )
+    return loops, loops, title
+
+
+def print_loops(
+    methods: dict[str, Method], loops: list[AgentLoop], grown: list[AgentLoop], title: str
+) -> None:
+    print(f"\n{title}\n")
     header = (
         f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'newest':>6} {'over':>4} "
         f"{'3 new':>5} {'calls':>5} {'use':>5} {'refused':>7} {'use/step':>8} {'prefix':>6}"
@@ -578,6 +607,13 @@ def main() -> None:
     )
     parser.add_argument("--growing-steps", type=int, default=80, help="steps of the growing loops")
     parser.add_argument("--only-loops", action="store_true", help="print only the agent-loop table")
+    parser.add_argument(
+        "--loops-from",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="agent transcripts (JSON files, or directories of them) instead of the generated loops",
+    )
     parser.add_argument("--scaling", action="store_true", help="print only the time per fit as inputs grow")
     parser.add_argument("--repeats", type=int, default=3, help="runs per --scaling row (median)")
     parser.add_argument("--only-shapes", action="store_true", help="print only the table of API shapes")
@@ -606,8 +642,16 @@ def main() -> None:
     if args.scaling:
         print_scaling(args.repeats)
         return
+    try:
+        loops = (
+            given_loops(args.loops_from)
+            if args.loops_from
+            else generated_loops(args.seeds, steps, args.growing_steps)
+        )
+    except transcripts.TranscriptError as problem:
+        parser.error(str(problem))
     if args.only_loops:
-        print_loops(loop_methods, args.seeds, steps, args.growing_steps)
+        print_loops(loop_methods, *loops)
         return
 
     conversations = [conversation(kind, seed) for kind in CONVERSATION_KINDS for seed in range(args.seeds)]
@@ -651,7 +695,7 @@ def main() -> None:
             )
         print()
 
-    print_loops(loop_methods, args.seeds, steps, args.growing_steps)
+    print_loops(loop_methods, *loops)
     print_shapes(conversations, requests)
 
     big = huge(0, args.huge_tokens)
