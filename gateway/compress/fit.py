@@ -35,9 +35,13 @@ steps are protected: at least the newest, and more up to
 every older message at its placeholder form allows, whichever reaches
 further: a loop fills its budget with whole recent results rather than
 trimmed old ones. Older steps are history, dropped on the same grid as older
-turns (after them); they skip the trim rungs and go straight to their
-placeholder form (the call stays, the result becomes a note), so an aged
-step changes form once, not once per rung. The boundary sits on a grid over
+turns (after them); they skip the rungs and go straight to their aged form
+(the call stays, the result becomes a note, the assistant's own text and
+long arguments are cut to `aged_step_cap`), so an aged step changes form
+once, not once per rung. Agents that reason aloud before each call spend a
+third or more of a loop on that text: kept whole, it made aged steps too
+big to keep (on public SWE-bench transcripts at 1/3, 40% of the calls kept
+before, 62% after). The boundary sits on a grid over
 the turn's steps (where their running size crosses a multiple of the cut
 quantum), so it stays put while steps append and then jumps a whole
 quantum; it only moves forward (a later request has more steps and no more
@@ -496,27 +500,32 @@ class _Fitter:
         return steps[-1]
 
     def _placeholder_size(self, unit: Unit) -> int:
-        """The unit's tokens at the ladder's placeholder level (its base: reasoning dropped).
+        """The unit's tokens at the ladder's placeholder level, or in its aged form for a step.
 
         Old units' forms are cached by their index among old units, which this decides, so
-        the chain is applied here rather than through `form`.
+        the chain of levels is applied here rather than through `form`.
         """
-        placeholder = self.levels[self.placeholder_level]
-        base = self.levels[placeholder.base]
+        chain = [self.aged_level if unit.step else self.placeholder_level]
+        while chain[-1]:
+            chain.append(self.levels[chain[-1]].base)
         total = 0
         for i in range(unit.start, unit.end):
             original = self.messages[i]
             cpt = self._chars_per_token(i)
-            message = placeholder.transform(base.transform(original, cpt), cpt)
+            message = original
+            for level in reversed(chain[:-1]):
+                message = self.levels[level].transform(message, cpt)
             total += self.sizes[i] if message == original else self.counter.message(message)
         return total
 
     def _ladder(self) -> list[_Level]:
-        """Levels 1..: reasoning, each trim cap, placeholder, each truncate cap, media (0: original).
+        """Levels 1..: reasoning, each trim cap, placeholder, each truncate cap, media (0: original),
+        then the aged steps' own form, which is no rung.
 
         Trims and the placeholder all start from the reasoning-free form, so a
         placeholder states the original size; truncations add to placeholders,
-        and the last level omits old media on top of the last truncation.
+        and the last rung omits old media on top of the last truncation. An
+        aged step's form cuts its text to `aged_step_cap` on top of that.
         """
         names = self.names
         levels = [
@@ -530,6 +539,9 @@ class _Fitter:
         for cap in self.options.truncate_caps:
             levels.append(_Level("truncate", placeholders, partial(_truncate, cap)))
         levels.append(_Level("truncate", len(levels) - 1, lambda m, _: omit_media(m)))
+        self.top = len(levels) - 1
+        levels.append(_Level("truncate", self.top, partial(_truncate, self.options.aged_step_cap)))
+        self.aged_level = len(levels) - 1
         return levels
 
     # -- forms of old units at each level ---------------------------------
@@ -550,10 +562,10 @@ class _Fitter:
         return self.densities[index]
 
     def _effective(self, k: int, level: int) -> int:
-        """Older steps of the latest turn skip the trim rungs: aged out of the recent window, a
-        step goes straight to its placeholder form, so no later rung change re-sends it."""
-        if k >= self.first_step and 0 < level < self.placeholder_level:
-            return self.placeholder_level
+        """Older steps of the latest turn skip the rungs: aged out of the recent window, a step
+        goes straight to its aged form, so no later rung change re-sends it."""
+        if k >= self.first_step and level > 0:
+            return self.aged_level
         return level
 
     def form(self, k: int, level: int) -> tuple[Form, int]:
@@ -720,7 +732,7 @@ class _Fitter:
         n = len(self.old)
         rungs: list[int] = []
         previous, last = self._prefix(0), 0
-        for level in range(1, len(self.levels)):
+        for level in range(1, self.top + 1):
             if self._fits(last) and all(
                 base + previous[t] - self.base <= self.target for t, base in openings
             ):
@@ -817,7 +829,7 @@ class _Fitter:
         them: its points are the finer cuts.
         """
         n = len(self.old)
-        top = len(self.levels) - 1
+        top = self.top
         head = self._head(head_level)
         if any(omit_media(m) is not m for k in range(head) for m in self.form(k, head_level)[0]):
             head_level = top

@@ -51,14 +51,21 @@ class CompressionOptions:
         protected from the newest back, at least the newest one, as long as
         they fit within this share of the budget, or further while they fit
         the room left with every older message at its placeholder form.
-        Older steps go straight to their placeholder form (the call stays)
-        and are dropped like older turns, oldest first. The boundary moves on the
+        Older steps go straight to their aged form (the call stays: see
+        aged_step_cap) and are dropped like older turns, oldest first. The boundary moves on the
         `cut_quantum` grid (by whole quanta of the turn's steps), so
         consecutive requests of a loop keep sharing their prefix. Older steps
         are also dropped at that grid's points (finer than the drop grid in
         their placeholder sizes) when that leaves the recent steps room for
         this share, so about as many go as needed, and such a cut stays put
         until the window moves.
+    aged_step_cap: an older step of an agent loop, aged out of the recent
+        window, keeps its tool calls with their results as one-line notes, and
+        its assistant text and long call arguments middle-truncated to about
+        this size (head, tail, sentences with facts). Agents that reason aloud
+        before each call spend a third or more of a loop on that text; kept
+        whole, few aged steps fit and the rest are dropped, calls and all
+        (measured on public agent transcripts: README, Agent loops).
     fill_quantum: the rung that fits (one cap, or a placeholder, for every old
         tool output) can leave much of the budget unused; the room left goes to
         the newest old turns, which stay at the rung before it (aged steps
@@ -98,6 +105,7 @@ class CompressionOptions:
     keep_head_ratio: float = 0.3
     cut_quantum: float = 0.25
     recent_steps_ratio: float = 0.5
+    aged_step_cap: int = 64
     fill_quantum: float = 0.0
     digest_ratio: float = 0.1
     aggressive_ratio: float = 0.7
@@ -117,6 +125,7 @@ class CompressionOptions:
                 raise ValueError(f"{name} must be non-empty and decreasing")
         if self.responses_server_state not in RESPONSES_SERVER_STATE:
             raise ValueError("responses_server_state must be pass or truncate_auto")
-        for size in (*self.tool_result_caps, *self.truncate_caps, self.protected_floor_tokens):
-            if size < 32:
-                raise ValueError("token sizes must be at least 32")
+        for name in ("tool_result_caps", "truncate_caps", "aged_step_cap", "protected_floor_tokens"):
+            sizes = getattr(self, name)
+            if min(sizes if isinstance(sizes, tuple) else (sizes,)) < 32:
+                raise ValueError(f"{name} must be at least 32 tokens")

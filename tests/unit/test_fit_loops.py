@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import gateway  # noqa: F401
@@ -265,3 +266,44 @@ def test_the_recent_steps_option_is_read_from_yaml(tmp_path: Path) -> None:
     config.write_text("compression:\n  recent_steps_ratio: {deep: [[[1]]]}\n")
     with pytest.raises(ConfigError, match="recent_steps_ratio"):
         load_settings(config, {})
+
+
+def thinking_step(step: int) -> list[dict[str, Any]]:
+    """A step of an agent that reasons aloud before its call, and writes a file with it."""
+    call = f"call_{step}"
+    thought = " ".join(f"Step {step} reads value_{step}_{n} because the parser drops it." for n in range(40))
+    script = "\n".join(f"print(value_{step}_{n})" for n in range(60))
+    return [
+        {
+            "role": "assistant",
+            "content": thought,
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": orjson.dumps({"command": script}).decode()},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": output(step, 20)},
+    ]
+
+
+def test_an_aged_step_keeps_its_call_with_its_own_text_cut_short() -> None:
+    """Agents that reason aloud spend much of a loop on their own text; kept whole in aged steps,
+    it left room for few of them, and the others were dropped, calls and all."""
+    messages = [SYSTEM, TASK] + [m for step in range(30) for m in thinking_step(step)]
+    budget = COUNTER.messages(messages) // 3
+    cap = CompressionOptions().aged_step_cap
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    whole = CompressionOptions(aged_step_cap=10**6)
+    before = fit(messages, model=MODEL, budget_tokens=budget, options=whole)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    calls = [m for m in result.messages if m["role"] == "assistant"]
+    assert len(calls) == 30 > len([m for m in before.messages if m["role"] == "assistant"])
+    aged = [m for m in calls if not any(m is original for original in messages)]
+    assert aged and messages[-2] in result.messages  # the newest step is whole
+    for message in aged:
+        assert COUNTER.text(message["content"]) <= 1.5 * cap < COUNTER.text(messages[2]["content"])
+        assert COUNTER.text(message["tool_calls"][0]["function"]["arguments"]) <= 1.5 * cap
+        orjson.loads(message["tool_calls"][0]["function"]["arguments"])  # still JSON

@@ -99,6 +99,8 @@ def test_models_from_json_environment() -> None:
         ("- a list\n", {}, "must hold a mapping"),
         ("server: [1\n", {}, "not valid YAML"),
         ("", {"GATEWAY_COMPRESSION_CUT_QUANTUM": "3"}, "cut_quantum"),
+        ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "8"}, "aged_step_cap must be at least 32"),
+        ("compression:\n  aged_step_cap: [64]\n", {}, "aged_step_cap must be a number"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, yaml_text: str, env: dict[str, str], fragment: str) -> None:
