@@ -52,17 +52,18 @@ class CompressionOptions:
         they fit within this share of the budget, or further while they fit
         the room left with every older message at its placeholder form.
         Older steps go straight to their aged form (the call stays: see
-        aged_step_cap) and are dropped like older turns, oldest first. The boundary moves on the
-        `cut_quantum` grid (by whole quanta of the turn's steps), so
+        aged_step_cap) and are dropped like older turns, oldest first. The
+        boundary moves on the `cut_quantum` grid (by whole quanta of the turn's steps), so
         consecutive requests of a loop keep sharing their prefix. Older steps
         are also dropped at that grid's points (finer than the drop grid in
         their placeholder sizes) when that leaves the recent steps room for
         this share, so about as many go as needed, and such a cut stays put
         until the window moves.
     aged_step_cap: an older step of an agent loop, aged out of the recent
-        window, keeps its tool calls with their results as one-line notes, and
-        its assistant text and long call arguments middle-truncated to about
-        this size (head, tail, sentences with facts). Agents that reason aloud
+        window, keeps its tool calls with their results as one-line notes (and
+        any image as a placeholder), and its assistant text and long call
+        arguments middle-truncated to about this size (head, tail, sentences
+        with facts). Agents that reason aloud
         before each call spend a third or more of a loop on that text; kept
         whole, few aged steps fit and the rest are dropped, calls and all
         (measured on public agent transcripts: README, Agent loops).
