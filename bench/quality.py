@@ -96,6 +96,7 @@ from bench.conversations import (
 )
 from bench.native_shapes import to_anthropic, to_responses
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.compress.units import is_user_input
 from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
 from gateway.wire.anthropic import ANTHROPIC
@@ -275,11 +276,12 @@ def _results(messages: list[Message]) -> set[str]:
 
 
 def _calls(messages: list[Message]) -> set[str]:
-    ids = {call["id"] for m in messages for call in m.get("tool_calls") or ()}
-    for message in messages:
-        if message.get("role") == "assistant" and isinstance(message.get("content"), list):
-            ids |= {p["id"] for p in message["content"] if p.get("type") == "tool_use"}
-    return ids
+    return {
+        call
+        for message in messages
+        if message.get("role") == "assistant"
+        for call in transcripts.call_ids(message)
+    }
 
 
 def _step_results(loop: AgentLoop, step: int) -> set[str]:
@@ -307,7 +309,7 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
         fits = bool(out) and COUNTER.messages(out) <= budget
         rows["fits"].append(float(fits))
         rows["valid"].append(float(fits and validate_chat_messages(out) is None))
-        task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if m.get("role") == "user")
+        task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if is_user_input(m))
         rows["task"].append(float(fits and any(m == task for m in out)))
         kept = _results(out) if fits else set()
         steps = len(loop.step_starts)

@@ -17,13 +17,15 @@ from typing import Any
 import orjson
 
 from bench.conversations import AgentLoop
+from gateway.compress.units import is_user_input
 
 
 class TranscriptError(ValueError):
     """A file that is no agent loop: named, with what is wrong, for the command line."""
 
 
-def _call_ids(message: Mapping[str, Any]) -> list[str]:
+def call_ids(message: Mapping[str, Any]) -> list[str]:
+    """The ids of an assistant message's tool calls, in either wire format."""
     ids = [call["id"] for call in message.get("tool_calls") or ()]
     content = message.get("content")
     if isinstance(content, list):
@@ -33,31 +35,21 @@ def _call_ids(message: Mapping[str, Any]) -> list[str]:
 
 def loop_from_messages(name: str, messages: list[dict[str, Any]]) -> AgentLoop:
     """The loop of a message list: its steps after the latest user message."""
-    users = [i for i, m in enumerate(messages) if m.get("role") == "user" and not _is_results(m)]
+    users = [i for i, m in enumerate(messages) if is_user_input(m)]
     if not users:
         raise TranscriptError(f"{name}: no user message (the task)")
     task = users[-1]
     starts = [
         i
         for i in range(task + 1, len(messages))
-        if messages[i].get("role") == "assistant" and _call_ids(messages[i])
+        if messages[i].get("role") == "assistant" and call_ids(messages[i])
     ]
     if not starts:
         raise TranscriptError(f"{name}: no tool call after the latest user message")
-    ids = [call for i in starts for call in _call_ids(messages[i])]
+    ids = [call for i in starts for call in call_ids(messages[i])]
     content = messages[task].get("content")
     text = content if isinstance(content, str) else orjson.dumps(content).decode()
     return AgentLoop(name, messages, text, starts, ids)
-
-
-def _is_results(message: Mapping[str, Any]) -> bool:
-    """A user message that only carries tool results (the Anthropic shape of a step's answer)."""
-    content = message.get("content")
-    return (
-        isinstance(content, list)
-        and bool(content)
-        and all(isinstance(part, Mapping) and part.get("type") == "tool_result" for part in content)
-    )
 
 
 def load(paths: list[Path]) -> Iterator[AgentLoop]:
