@@ -101,6 +101,8 @@ def test_models_from_json_environment() -> None:
         ("", {"GATEWAY_COMPRESSION_CUT_QUANTUM": "3"}, "cut_quantum"),
         ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "8"}, "aged_step_cap must be at least 32"),
         ("compression:\n  aged_step_cap: [64]\n", {}, "aged_step_cap must be a number"),
+        ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "9" * 10_000}, "aged_step_cap must be a number"),
+        ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "64\x00"}, "aged_step_cap must be a number"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, yaml_text: str, env: dict[str, str], fragment: str) -> None:
