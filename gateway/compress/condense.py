@@ -222,6 +222,7 @@ def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool) 
 # the result still reads as the same document rather than as broken fragments.
 
 _JSON_STEPS = ((16, 512), (8, 256), (4, 128), (2, 64), (1, 32))
+JSON_FILL_ATTEMPTS = 6
 
 
 MAX_SALIENT_ITEMS = 4
@@ -260,15 +261,12 @@ def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]]) -> A
         salient = {1 + i for i in memo[id(value)] if 1 + i >= items}
         keep |= salient
         out: list[Any] = []
-        skipped = 0
-        for i, item in enumerate(value):
-            if i in keep:
-                if skipped:
-                    out.append(f"… {skipped:,} more items omitted by context-gateway …")
-                    skipped = 0
-                out.append(_shrink(item, items, max(chars, SALIENT_CHARS) if i in salient else chars, memo))
-            else:
-                skipped += 1
+        previous = -1
+        for i in sorted(keep):  # the kept items only: each attempt costs what it keeps
+            if i - previous > 1:
+                out.append(f"… {i - previous - 1:,} more items omitted by context-gateway …")
+            out.append(_shrink(value[i], items, max(chars, SALIENT_CHARS) if i in salient else chars, memo))
+            previous = i
         return out
     if isinstance(value, str) and len(value) > chars:
         return f"{value[: chars // 2]}… ({len(value):,} chars) …{value[-chars // 4 :]}"
@@ -286,8 +284,33 @@ def condense_json(text: str, max_chars: int) -> str | None:
         return None
     option = orjson.OPT_INDENT_2 if "\n" in stripped else 0
     memo: dict[int, list[int]] = {}
-    for items, chars in _JSON_STEPS:
-        candidate = orjson.dumps(_shrink(value, items, chars, memo), option=option).decode()
+
+    def shrunk(items: int, chars: int) -> str:
+        return orjson.dumps(_shrink(value, items, chars, memo), option=option).decode()
+
+    items, chars = _JSON_STEPS[0]
+    fitting = shrunk(items, chars)
+    if len(fitting) > max_chars:
+        for items, chars in _JSON_STEPS[1:]:
+            candidate = shrunk(items, chars)
+            if len(candidate) <= max_chars:
+                return candidate
+        return None
+    # Room for more than the first step's items: about as many as fit (a list of records cut to
+    # 16 kept a tenth of a 2k-token cap whatever the cap). Sizes grow about linearly with the
+    # items kept, so each guess scales the last fitting one; a few dumps land within a few items.
+    low, high = items, max_chars // 2  # an item takes two characters at least
+    for _ in range(JSON_FILL_ATTEMPTS):
+        if low >= high:
+            break
+        guess = min(high, int(low * max_chars / max(1, len(fitting))))
+        if guess <= low:
+            guess = (low + high + 1) // 2
+        candidate = shrunk(guess, chars)
+        if len(candidate) == len(fitting):
+            break  # no list was cut any more: nothing left to add
         if len(candidate) <= max_chars:
-            return candidate
-    return None
+            low, fitting = guess, candidate
+        else:
+            high = guess - 1
+    return fitting

@@ -57,6 +57,17 @@ def test_json_keeps_every_key_and_marks_shortened_arrays() -> None:
     assert condense_json("not json", 10) is None
 
 
+def test_json_records_fill_the_room_they_are_given() -> None:
+    doc = {"results": [{"id": i, "title": f"record {i}"} for i in range(2_000)], "next": "cursor-9"}
+    text = json.dumps(doc, indent=2)
+    for max_chars in (4_000, 20_000):
+        out = condense_json(text, max_chars)
+        assert out is not None and 0.9 * max_chars < len(out) <= max_chars
+        kept = [item for item in json.loads(out)["results"] if isinstance(item, dict)]
+        assert kept[0]["id"] == 0 and kept[-1]["id"] == 1_999 and json.loads(out)["next"] == "cursor-9"
+    assert len(kept) > 300  # 16 records (and the last) whatever the room, before
+
+
 def test_trim_tool_text_uses_json_when_it_can() -> None:
     text = json.dumps({"rows": list(range(5_000))})
     assert json.loads(trim_tool_text(text, 400, 3.0))["rows"][-1] == 4_999
