@@ -6,6 +6,9 @@ import copy
 import json
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.compress.condense import collapse_repeats, condense, condense_json
 from gateway.compress.transforms import (
     drop_reasoning,
@@ -66,6 +69,47 @@ def test_json_records_fill_the_room_they_are_given() -> None:
         kept = [item for item in json.loads(out)["results"] if isinstance(item, dict)]
         assert kept[0]["id"] == 0 and kept[-1]["id"] == 1_999 and json.loads(out)["next"] == "cursor-9"
     assert len(kept) > 300  # 16 records (and the last) whatever the room, before
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=40),  # orjson's ints
+    lambda inner: st.lists(inner, max_size=80) | st.dictionaries(st.text(max_size=8), inner, max_size=6),
+    max_leaves=300,
+)
+# Tool answers are mostly a list of records beside a few fields: lists longer than the first
+# try's 16 items take the path that fills the room.
+RECORDS = st.fixed_dictionaries(
+    {
+        "id": st.integers(0, 10**9),
+        "name": st.text(max_size=30),
+        "tags": st.lists(st.text(max_size=8), max_size=4),
+    }
+)
+ANSWERS = st.fixed_dictionaries(
+    {"items": st.lists(RECORDS, min_size=17, max_size=200), "next": st.text(max_size=20)}
+)
+
+
+def check_condensed(value: Any, share: float, indent: bool) -> str | None:
+    text = json.dumps(value, indent=2 if indent else None, ensure_ascii=False)  # as long as orjson writes it
+    max_chars = max(2, int(share * len(text)))
+    out = condense_json(text, max_chars)
+    if out is not None:  # None: not a document, or over the limit even at one item per array
+        assert len(out) <= max_chars
+        parsed = json.loads(out)
+        if isinstance(value, dict):
+            assert parsed.keys() == value.keys()
+    return out
+
+
+@given(JSON_VALUES, st.floats(min_value=0.01, max_value=1.0), st.booleans())
+def test_condensed_json_is_json_within_its_limit(value: Any, share: float, indent: bool) -> None:
+    check_condensed(value, share, indent)
+
+
+@given(ANSWERS, st.floats(min_value=0.05, max_value=1.0), st.booleans())
+def test_condensed_records_are_json_within_their_limit(value: Any, share: float, indent: bool) -> None:
+    check_condensed(value, share, indent)
 
 
 def test_trim_tool_text_uses_json_when_it_can() -> None:
