@@ -297,8 +297,8 @@ def condense_json(text: str, max_chars: int) -> str | None:
                 return candidate
         return None
     # Room for more than the first step's items: about as many as fit (a list of records cut to
-    # 16 kept a tenth of a 2k-token cap whatever the cap). Sizes grow about linearly with the
-    # items kept, so each guess scales the last fitting one; a few dumps land within a few items.
+    # 16 kept ~1k tokens whatever the cap: half of a 2k-token cap, an eighth of an 8k one). Sizes
+    # grow about linearly with the items kept, so each guess scales the last fitting one.
     low, high = items, max_chars // 2  # an item takes two characters at least
     for _ in range(JSON_FILL_ATTEMPTS):
         if low >= high:
