@@ -91,12 +91,11 @@ left goes to the newest old units, which stay one level back down the ladder,
 from a boundary on a grid over the history (`fill_quantum`); the boundary is
 never behind where an earlier turn's opening request put it, and moving it
 re-sends only the units it passes, late in the prompt. Measured in
-bench/quality.py (chat at 1/1.5, 1/3, 1/10; loops at 1/1.5, 1/3, 1/6): budget
-use 0.65/0.65/0.84 (0.61 at 1/3 before JSON trims filled their cap) and
-0.67/0.67/0.78 without it, 0.87/0.88/0.94 and 0.70/0.75/0.84 with a grid
-of a quarter of the budget, at a cost in prefix stability of 0/0.033/0.047
-and 0.005/0.028/0.022; finer grids fill more and break more (README,
-fill_quantum).
+bench/quality.py (chat at 1/1.5, 1/3, 1/10): budget use 0.65/0.65/0.84
+without it, 0.86/0.86/0.94 with a grid of a quarter of the budget, at a cost
+in prefix stability of 0/0.023/0.046; finer grids fill more and break more
+(README, fill_quantum). Agent loops read the same either way: an aged step
+never takes a trimmed form back.
 
 Stage 5 moves its cut only on a coarse grid: where the cumulative size of the
 (already compressed) history crosses a multiple of a quantum, a fraction of
