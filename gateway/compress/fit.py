@@ -976,8 +976,12 @@ class _Fitter:
         if not self.narrow and self.recent_steps > 1:
             return _Fitter(*self.args, narrow=True).run()
         n = len(self.old)
-        # No account here: the prompt is being trimmed to its floor, a digest is a luxury.
+        # No account here: the prompt is being trimmed to its floor, a digest is a luxury. Without
+        # the account's room, the protected messages may fit whole: then nothing is trimmed.
         marker = self._marker_tokens(0, n, accounts=False)
+        if self.base + marker <= self.target:
+            cut = self._refilled(levels, self.target - self.base - marker)
+            return self._result(levels, head=0, cut=cut, protected={}, accounts=False)
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]

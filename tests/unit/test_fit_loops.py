@@ -148,6 +148,24 @@ def test_the_protected_stage_trims_the_largest_first_and_the_newest_step_last() 
     assert result.tokens_after <= budget
 
 
+def test_the_task_is_not_trimmed_for_a_digest() -> None:
+    """On public SWE-agent transcripts at 1/3, system prompt, task and newest step fit whole but
+    not beside the room reserved for the dropped steps' digest: the task was trimmed for it."""
+    system = {"role": "system", "content": "Rules. " + "Always cite the file path. " * 150}
+    messages = [system, TASK, *loop(12, lines=40)[2:]]
+    protected = COUNTER.messages([system, TASK, *messages[-2:]])
+    digest_share = CompressionOptions().digest_ratio
+    for spare in (30, 60, 90):
+        budget = protected + spare
+        assert budget * digest_share > spare  # the digest's whole room would not fit
+        result = fit(messages, model=MODEL, budget_tokens=budget)
+        assert result.messages[:2] == [system, TASK] and result.messages[1] is TASK
+        assert result.messages[-2] is messages[-2] and result.messages[-1] is messages[-1]
+        assert "protected" not in result.stages and "digest" not in result.stages
+        assert result.tokens_after <= budget
+        assert validate_chat_messages(result.messages) is None
+
+
 def test_room_a_trimmed_newest_step_leaves_brings_older_steps_back() -> None:
     """Issue 9: a newest result bigger than the budget was cut, and every call before it dropped."""
     messages = loop(25, lines=30)
