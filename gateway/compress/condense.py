@@ -59,6 +59,12 @@ def marker(lines: int, tokens: int) -> str:
     return f"[… ~{tokens:,} tokens omitted by context-gateway …]"
 
 
+def _is_marker(piece: str) -> bool:
+    """Whether a piece is an omission marker of an earlier condense (its numbers look like facts)."""
+    piece = piece.strip()
+    return piece.startswith("[… ") and piece.endswith(" omitted by context-gateway …]")
+
+
 def _split_long(piece: str, limit: int) -> list[str]:
     """Cut a piece longer than `limit` at sentence ends, then spaces, then anywhere."""
     # Walk an offset rather than re-slicing the rest: a megabyte line is copied once, not per cut.
@@ -136,7 +142,9 @@ def _select(pieces: list[str], start: int, stop: int, room: int) -> set[int]:
         score = alert + 2 * (shape != piece) + (":" in piece or "=" in piece or "：" in piece)
         if score and common == 1:
             score += 3
-        if score >= MIN_SCORE:
+        # Text condensed again (an aged step's, cut shorter) holds the markers of the first cut:
+        # kept, they would fill the room with markers side by side.
+        if score >= MIN_SCORE and not _is_marker(piece):
             candidates.append((-score, index))
     candidates.sort()
     kept: set[int] = set()

@@ -33,6 +33,18 @@ def test_condense_keeps_head_tail_and_informative_middle_lines() -> None:
     assert "lines (~" in out and "omitted by context-gateway" in out
 
 
+def test_condensing_again_keeps_text_not_the_first_cut_markers() -> None:
+    """An aged step's text is cut again, shorter: the first cut's markers (numbers, unique
+    shapes) scored as facts, and the room went to three markers side by side."""
+    thought = " ".join(f"Step 0 reads value_0_{n} because the parser drops it." for n in range(40))
+    once = condense(thought, 1_000, 4.0, prose=True)
+    assert once.count("omitted by context-gateway") >= 2  # the first cut kept some middle facts
+    twice = condense(once, 250, 4.0, prose=True)
+    assert twice.count("omitted by context-gateway") == 1
+    assert twice.startswith("Step 0 reads value_0_0")
+    assert twice.endswith("value_0_39 because the parser drops it.")
+
+
 def test_condense_is_token_aware_for_text_without_spaces() -> None:
     text = "这是一个很长的中文句子，没有空格。" * 2_000
     out = condense(text, 600, 1.2, prose=True)
