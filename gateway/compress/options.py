@@ -106,7 +106,7 @@ class CompressionOptions:
     keep_head_ratio: float = 0.3
     cut_quantum: float = 0.25
     recent_steps_ratio: float = 0.5
-    aged_step_cap: int = 64
+    aged_step_cap: int = 32
     fill_quantum: float = 0.0
     digest_ratio: float = 0.1
     aggressive_ratio: float = 0.7
