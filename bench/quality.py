@@ -18,8 +18,10 @@ results at full size, which become old and compressed at the next turn).
 Then agent loops (one task answered by 25, 60 and 160 tool steps of varied
 tools and sizes, both wire formats, half of them after three earlier turns) at
 1/1.5, 1/3 and 1/6 of their size: fits, strict-valid, task message intact,
-newest result intact, `over` (loops whose newest step alone is larger than
-the budget: no method can keep it intact), share of the three newest intact (median), share of
+`tight` (loops whose system prompt, task and newest step together are larger
+than the budget: no method keeps all three whole), newest result intact, `over`
+(loops whose newest step alone is larger than the budget: no method can keep it
+intact), share of the three newest intact (median), share of
 tool calls still present (as calls), budget use of each loop's last request,
 refusals, and over growing loops that send a request after every step: budget
 use (median over every request that needed compression) and prefix stability; against
@@ -297,19 +299,24 @@ def loop_budget(loop: AgentLoop, ratio: float) -> int:
 def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict[str, float]:
     """Per loop, its last request at a budget of its size / ratio; shares in %, budget use as a ratio."""
     rows: dict[str, list[float]] = {
-        key: [] for key in ("fits", "valid", "task", "newest", "three", "calls", "use", "refused", "over")
+        key: []
+        for key in ("fits", "valid", "task", "newest", "three", "calls", "use", "refused", "over", "tight")
     }
     for loop in loops:
         budget = loop_budget(loop, ratio)
-        # A newest step larger than the whole budget cannot stay intact, whatever the method.
-        rows["over"].append(float(COUNTER.messages(loop.messages[loop.step_starts[-1] :]) > budget))
+        newest = loop.messages[loop.step_starts[-1] :]
+        # A newest step larger than the whole budget cannot stay intact, whatever the method; nor
+        # can all of system prompt, task and newest step when together they exceed it.
+        rows["over"].append(float(COUNTER.messages(newest) > budget))
+        task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if is_user_input(m))
+        system = [m for m in loop.messages[: loop.step_starts[0]] if m.get("role") in ("system", "developer")]
+        rows["tight"].append(float(COUNTER.messages([*system, task, *newest]) > budget))
         out, _ = timed(method, loop.messages, budget)
         rows["refused"].append(float(out is None))
         out = out or []
         fits = bool(out) and COUNTER.messages(out) <= budget
         rows["fits"].append(float(fits))
         rows["valid"].append(float(fits and validate_chat_messages(out) is None))
-        task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if is_user_input(m))
         rows["task"].append(float(fits and any(m == task for m in out)))
         kept = _results(out) if fits else set()
         steps = len(loop.step_starts)
@@ -326,6 +333,7 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
     result["calls"] = 100 * statistics.fmean(rows["calls"])
     result["use"] = statistics.median(rows["use"]) if rows["use"] else 0.0
     result["over"] = sum(rows["over"])
+    result["tight"] = sum(rows["tight"])
     return result
 
 
@@ -399,8 +407,9 @@ def print_loops(
 ) -> None:
     print(f"\n{title}\n")
     header = (
-        f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'newest':>6} {'over':>4} "
-        f"{'3 new':>5} {'calls':>5} {'use':>5} {'refused':>7} {'use/step':>8} {'prefix':>6}"
+        f"{'budget':>7} {'method':<16} {'fits':>5} {'valid':>5} {'task':>5} {'tight':>5} "
+        f"{'newest':>6} {'over':>4} {'3 new':>5} {'calls':>5} {'use':>5} {'refused':>7} "
+        f"{'use/step':>8} {'prefix':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -412,7 +421,8 @@ def print_loops(
             step_uses = [use for _, uses in runs for use in uses]
             print(
                 f"{'1/' + format(ratio, 'g'):>7} {name:<16} {r['fits']:5.0f} {r['valid']:5.0f} "
-                f"{r['task']:5.0f} {r['newest']:6.0f} {r['over']:4.0f} {r['three']:5.0f} {r['calls']:5.0f} "
+                f"{r['task']:5.0f} {r['tight']:5.0f} {r['newest']:6.0f} {r['over']:4.0f} {r['three']:5.0f} "
+                f"{r['calls']:5.0f} "
                 f"{r['use']:5.2f} "
                 f"{r['refused']:7.0f} {statistics.median(step_uses) if step_uses else 0.0:8.2f} "
                 f"{stable:6.3f}",
