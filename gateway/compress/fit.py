@@ -145,7 +145,7 @@ from gateway.compress.transforms import (
     trim_tool_text,
     truncate_message,
 )
-from gateway.compress.units import PROTECTED_ROLES, Unit, group_units
+from gateway.compress.units import PROTECTED_ROLES, Unit, group_units, is_tool_result_carrier
 from gateway.tokens.counter import TokenCounter, counter_for
 
 Message = Mapping[str, Any]
@@ -815,7 +815,7 @@ class _Fitter:
         # Not even the head fits with the latest turn: keep less of it, then none.
         for shorter in range(head - 1, -1, -1):
             kept -= weights[shorter]
-            if kept + self._marker_tokens(shorter, n) <= self.target:
+            if self._head_may_end(shorter) and kept + self._marker_tokens(shorter, n) <= self.target:
                 return self._result(levels, head=shorter, cut=n, protected={})
         return self._protected(levels)
 
@@ -886,12 +886,27 @@ class _Fitter:
         An agent loop's opening is its task, the protected user message; its
         old steps are not a head: they go oldest first.
         """
-        head = 0
+        head = end = 0
         room = int(self.budget * self.options.keep_head_ratio)
         while head < self.first_step and self.form(head, level)[1] <= room:
             room -= self.form(head, level)[1]
             head += 1
-        return head
+            end = head if self._head_may_end(head) else end
+        return end
+
+    def _head_may_end(self, head: int) -> bool:
+        """Whether a kept head of `head` old units may end there: not on tool results.
+
+        The marker after the head is a user message. After a tool step's results it would join
+        them into one user turn (Anthropic merges consecutive user messages), and the API takes
+        a user turn with tool results, last before the latest question, as answering the
+        assistant before it: with thinking on, that assistant must keep its signed thinking,
+        which stage 1 dropped from the head.
+        """
+        if head == 0:
+            return True
+        last = self.messages[self.old[head - 1].end - 1]
+        return last.get("role") != "tool" and not is_tool_result_carrier(last)
 
     def _turn_cuts(self, cuts: list[int]) -> list[int]:
         """Move each cut forward to a turn or step start: whole turns and steps go, pairs stay whole."""

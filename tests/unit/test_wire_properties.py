@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import gateway  # noqa: F401  (offline tiktoken)
@@ -139,6 +139,9 @@ def fitted(
     marks=st.integers(0, 4),
     share=st.floats(0.05, 1.2),
 )
+# The kept head ended on a tool step whose thinking stage 1 had dropped; the marker and the
+# latest question joined its results into the final user turn, which the API rejects.
+@example(seed=204, turns=8, thinking=True, marks=0, share=0.0625)
 def test_anthropic_fit_is_valid_within_budget_and_keeps_signed_blocks(
     seed: int, turns: int, thinking: bool, marks: int, share: float
 ) -> None:
