@@ -38,29 +38,29 @@ history, dropped on the same grid as older turns (after them); they skip the
 rungs and go straight to their aged form (the call stays, the result becomes a
 note, the assistant's own text and long arguments are cut to `aged_step_cap`),
 so an aged step changes form once, not once per rung. Agents that reason aloud
-before each call spend a third or more of a loop on that text: kept whole, it
-made aged steps too big to keep (on public SWE-bench transcripts at 1/3, 40%
-of the calls kept before, 62% after; on a second set, 45% with the text cut to
-64 tokens, 60% at 32). The boundary sits on a grid over the turn's steps
-(where their running size crosses a multiple of the cut quantum), so it stays
-put while steps append and then jumps a whole quantum; it only moves forward
-(a later request has more steps and no more room). Each jump re-sends the
-steps it ages as placeholders: the prefix breaks there, about every quantum of
-steps, which is the cost of keeping the newest results whole. Aged steps are
-dropped on the history's grid, in their placeholder sizes, where a quantum can
-hold most of a loop's steps: that grid alone drops none or nearly all of them
-(a newest result over half the budget cost 22 of 24 older calls whose
-placeholders nearly all fit). So the window's grid points (original sizes) are
-finer cuts, taken only where they leave the recent steps room to grow to their
-share: the window grows until it jumps, and the jump re-sends the tail anyway,
-so such a cut moves with the window, not at every step. Measured on
-bench/quality.py's loops at 1/6, 1/10, 1/20: calls kept 89/71/28% before,
-91/72/29% after, prefix stability the same, -0.004, -0.008; finer cuts without
-that room kept 91/77/34% but cost -0.02 and -0.12. When even the dropped
-history is not enough, the fit is redone with only the newest step protected,
-and only then, the markers' digests given up first, are protected messages
-trimmed; a request is refused only when the system prompt, the latest user
-message and the newest step cannot fit at the floor.
+before each call spend a quarter to a half of a loop on that text: kept whole,
+it made aged steps too big to keep (on public SWE-bench transcripts at 1/3,
+40% of the calls kept before, 62% after; on a second set, 45% with the text
+cut to 64 tokens, 60% at 32). The boundary sits on a grid over the turn's
+steps (where their running size crosses a multiple of the cut quantum), so it
+stays put while steps append and then jumps a whole quantum; it only moves
+forward (a later request has more steps and no more room). Each jump re-sends
+the steps it ages as placeholders: the prefix breaks there, about every
+quantum of steps, which is the cost of keeping the newest results whole. Aged
+steps are dropped on the history's grid, in their placeholder sizes, where a
+quantum can hold most of a loop's steps: that grid alone drops none or nearly
+all of them (a newest result over half the budget cost 22 of 24 older calls
+whose placeholders nearly all fit). So the window's grid points (original
+sizes) are finer cuts, taken only where they leave the recent steps room to
+grow to their share: the window grows until it jumps, and the jump re-sends
+the tail anyway, so such a cut moves with the window, not at every step.
+Measured on bench/quality.py's loops at 1/6, 1/10, 1/20: calls kept 89/71/28%
+before, 91/72/29% after, prefix stability the same, -0.004, -0.008; finer cuts
+without that room kept 91/77/34% but cost -0.02 and -0.12. When even the
+dropped history is not enough, the fit is redone with only the newest step
+protected, and only then, the markers' digests given up first, are protected
+messages trimmed; a request is refused only when the system prompt, the latest
+user message and the newest step cannot fit at the floor.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every

@@ -63,10 +63,10 @@ class CompressionOptions:
         window, keeps its tool calls with their results as one-line notes (and
         any image as a placeholder), and its assistant text and long call
         arguments middle-truncated to about this size (head, tail, sentences
-        with facts). Agents that reason aloud
-        before each call spend a third or more of a loop on that text; kept
-        whole, few aged steps fit and the rest are dropped, calls and all
-        (measured on public agent transcripts: README, Agent loops).
+        with facts). Agents that reason aloud before each call spend a quarter
+        to a half of a loop on that text; kept whole, few aged steps fit and
+        the rest are dropped, calls and all (measured on public agent
+        transcripts: README, Agent loops).
     fill_quantum: the rung that fits (one cap, or a placeholder, for every old
         tool output) can leave much of the budget unused; the room left goes to
         the newest old turns, which stay at the rung before it (aged steps
