@@ -997,6 +997,10 @@ class _Fitter:
         if self.base + marker <= self.target:
             cut = self._refilled(levels, self.target - self.base - marker)
             return self._result(levels, head=0, cut=cut, protected={}, accounts=False)
+        if self.base <= self.target:
+            # Whole, but not beside even a bare marker (its ~20 tokens): the history goes without
+            # one. The halving trim would take half of the largest protected message instead.
+            return self._result(levels, head=0, cut=n, protected={}, accounts=False, markers=False)
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
@@ -1074,10 +1078,13 @@ class _Fitter:
         cut: int,
         protected: dict[int, Message],
         accounts: bool = True,
+        markers: bool = True,
     ) -> FitResult:
+        """The fitted messages: old units [head, cut) dropped behind a marker per span (none
+        without `markers`), the others at their level, protected messages as trimmed."""
         old_index = {unit.start: k for k, unit in enumerate(self.old)}
-        spans = self._spans_out(head, cut, accounts)
-        markers = {k: marker for k, _, marker in spans}
+        spans = self._spans_out(head, cut, accounts) if markers else []
+        marker_at = {k: marker for k, _, marker in spans}
         positions: dict[int, int] = {}
         out: list[Message] = []
         after = self.fixed
@@ -1090,10 +1097,10 @@ class _Fitter:
                     out.append(message)
                     after += self.sizes[i] if message is self.messages[i] else self.counter.message(message)
             elif head <= k < cut:
-                if k in markers:
+                if k in marker_at:
                     positions[k] = len(out)
-                    out.append(markers[k])
-                    after += self.counter.message(markers[k])
+                    out.append(marker_at[k])
+                    after += self.counter.message(marker_at[k])
             else:
                 stages |= self._stages_of(k, levels[k])
                 form, tokens = self.form(k, levels[k])

@@ -166,6 +166,21 @@ def test_the_task_is_not_trimmed_for_a_digest() -> None:
         assert validate_chat_messages(result.messages) is None
 
 
+def test_no_protected_message_is_trimmed_for_a_marker() -> None:
+    """Fuzzed: system prompt, task and newest step fit whole with up to ~20 tokens to spare, not
+    beside the marker for the dropped steps; the halving trim then cut the task 1,216 -> 400."""
+    task = {
+        "role": "user",
+        "content": " ".join(f"Requirement {n}: keep field_{n} stable." for n in range(120)),
+    }
+    messages = [SYSTEM, task, *openai_step(0, 40), *openai_step(1, 40)]
+    protected = COUNTER.messages([SYSTEM, task, *messages[-2:]])
+    for budget in (protected, protected + 10, protected + 18):
+        result = fit(messages, model=MODEL, budget_tokens=budget)
+        assert result.messages == [SYSTEM, task, *messages[-2:]] and result.messages[1] is task
+        assert result.stages == ("drop_turns",) and result.tokens_after <= budget
+
+
 def test_room_a_trimmed_newest_step_leaves_brings_older_steps_back() -> None:
     """Issue 9: a newest result bigger than the budget was cut, and every call before it dropped."""
     messages = loop(25, lines=30)
