@@ -113,7 +113,8 @@ gateway sees each request fresh: no state is needed.
 
 Aggressive mode fits to a share of the budget but climbs the same rungs and
 cuts on the same grid (both depend on the budget, not on the target), only
-further: it never keeps more than auto for the same budget.
+further: it never keeps more than auto for the same budget, and never trims
+a protected message for headroom that auto keeps whole.
 """
 
 from __future__ import annotations
@@ -318,18 +319,28 @@ def fit(
     # account's room is reserved from the budget and grows with what its span drops, so with
     # digests that cut can keep more than the plain fit, or miss a headroom that a fit to the
     # headroom alone reaches. The smallest of the three keeps both promises (ties: the first).
+    # Headroom is a wish and the budget a limit: what the plain fit keeps whole (system prompt,
+    # latest user message, newest step) is never trimmed for headroom.
     results: list[FitResult] = []
     refusals: list[ContextBudgetExceeded] = []
-    for goal, grid in ((target, budget_tokens), (budget_tokens, budget_tokens), (target, target)):
+    plain_fit: FitResult | None = None
+    for index, (goal, grid) in enumerate(
+        ((target, budget_tokens), (budget_tokens, budget_tokens), (target, target))
+    ):
         if goal == budget_tokens and before <= budget_tokens:
-            results.append(unchanged)
-            continue
-        try:
-            results.append(plain(goal, grid, summaries).run())
-        except ContextBudgetExceeded as refusal:
-            refusals.append(refusal)
+            result = unchanged
+        else:
+            try:
+                result = plain(goal, grid, summaries).run()
+            except ContextBudgetExceeded as refusal:
+                refusals.append(refusal)
+                continue
+        plain_fit = result if index == 1 else plain_fit
+        results.append(result)
     if not results:
         raise refusals[1]  # the plain fit's refusal (the second): its numbers describe the real budget
+    if plain_fit is not None and "protected" not in plain_fit.stages:
+        results = [result for result in results if "protected" not in result.stages]
     return min(results, key=lambda result: result.tokens_after)
 
 

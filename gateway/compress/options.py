@@ -87,7 +87,8 @@ class CompressionOptions:
         0 turns accounts off (a bare count, as before).
     aggressive_ratio: with `aggressive=True` the prompt is fitted to this
         share of the budget when possible, leaving headroom; it never keeps
-        more than the plain fit of the same budget.
+        more than the plain fit of the same budget, and never trims a
+        protected message that the plain fit keeps whole.
     protected_floor_tokens: stage 6 never trims a protected message (system
         prompt, latest user message, newest step) below this size; below
         that, fit refuses.

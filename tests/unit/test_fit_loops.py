@@ -181,6 +181,18 @@ def test_no_protected_message_is_trimmed_for_a_marker() -> None:
         assert result.stages == ("drop_turns",) and result.tokens_after <= budget
 
 
+def test_aggressive_never_trims_what_the_plain_fit_keeps_whole() -> None:
+    """Fuzzed: for headroom, aggressive mode cut the newest result in half while older steps
+    stayed as placeholders; the plain fit kept it whole."""
+    messages = loop(5, lines=60)
+    budget = COUNTER.messages([SYSTEM, TASK, *messages[-2:]]) + 60
+    plain = fit(messages, model=MODEL, budget_tokens=budget)
+    aggressive = fit(messages, model=MODEL, budget_tokens=budget, aggressive=True)
+    assert "protected" not in plain.stages and "protected" not in aggressive.stages
+    assert aggressive.messages[-1] is messages[-1] and aggressive.messages[1] is TASK
+    assert aggressive.tokens_after <= plain.tokens_after <= budget
+
+
 def test_room_a_trimmed_newest_step_leaves_brings_older_steps_back() -> None:
     """Issue 9: a newest result bigger than the budget was cut, and every call before it dropped."""
     messages = loop(25, lines=30)
