@@ -58,9 +58,10 @@ Measured on bench/quality.py's loops at 1/6, 1/10, 1/20: calls kept 89/71/28%
 before, 91/72/29% after, prefix stability the same, -0.004, -0.008; finer cuts
 without that room kept 91/77/34% but cost -0.02 and -0.12. When even the
 dropped history is not enough, the fit is redone with only the newest step
-protected, and only then, the markers' digests given up first, are protected
-messages trimmed; a request is refused only when the system prompt, the latest
-user message and the newest step cannot fit at the floor.
+protected, and only then, the markers' digests and then the markers given up
+first, are protected messages trimmed; a request is refused only when the
+system prompt, the latest user message and the newest step cannot fit at the
+floor.
 
 Cache stability. A unit's transformed form depends only on that unit and the
 options, so the same old message is compressed the same way on every
