@@ -98,7 +98,7 @@ from bench.conversations import (
 )
 from bench.native_shapes import to_anthropic, to_responses
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
-from gateway.compress.units import is_user_input
+from gateway.compress.units import PROTECTED_ROLES, is_user_input
 from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import MESSAGE_COUNTS, counter_for
 from gateway.wire.anthropic import ANTHROPIC
@@ -309,7 +309,7 @@ def evaluate_loops(method: Method, loops: list[AgentLoop], ratio: float) -> dict
         # can all of system prompt, task and newest step when together they exceed it.
         rows["over"].append(float(COUNTER.messages(newest) > budget))
         task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if is_user_input(m))
-        system = [m for m in loop.messages[: loop.step_starts[0]] if m.get("role") in ("system", "developer")]
+        system = [m for m in loop.messages[: loop.step_starts[0]] if m.get("role") in PROTECTED_ROLES]
         rows["tight"].append(float(COUNTER.messages([*system, task, *newest]) > budget))
         out, _ = timed(method, loop.messages, budget)
         rows["refused"].append(float(out is None))
