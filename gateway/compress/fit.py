@@ -22,8 +22,9 @@ Stages, cheapest and least lossy first; the first rung that fits wins:
                   A summary stands for exactly what was dropped, so where to
                   cut never depends on it: the room is reserved either way
   6 protected     trim protected messages, largest first, the newest step
-                  last, or refuse; what the trim leaves free takes the
-                  newest dropped turns and steps back
+                  last, to the largest cap that fits (three quarters of the
+                  largest, then halving), or refuse; what the trim leaves
+                  free takes the newest dropped turns and steps back
 Stages 1–5 never touch system or developer messages, the latest user message
 or the recent steps of its turn.
 
@@ -993,7 +994,7 @@ class _Fitter:
         return self.counter.message(omitted_marker(self._dropped(a, b), "x")) + room
 
     def _protected(self, levels: list[int]) -> FitResult:
-        """Last resort: shrink protected messages under a halving cap, down to the floor.
+        """Last resort: shrink protected messages to the largest cap that fits, down to the floor.
 
         Recent steps other than the newest are not worth a trimmed task: the
         whole fit is first retried with only the newest step protected. Then
@@ -1011,37 +1012,57 @@ class _Fitter:
             return self._result(levels, head=0, cut=cut, protected={}, accounts=False)
         if self.base <= self.target:
             # Whole, but not beside even a bare marker (its ~20 tokens): the history goes without
-            # one. The halving trim would take half of the largest protected message instead.
+            # one. Trimming a protected message for it would cost at least a grid step.
             return self._result(levels, head=0, cut=n, protected={}, accounts=False, markers=False)
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
         first = [i for i in indices if newest is None or i < newest.start]
-        floor = self.options.protected_floor_tokens
         shrunk: dict[int, Message] = {}
         best = self.before
+
+        def trimmed_to(group: list[int], cap: int) -> tuple[int, dict[int, Message]]:
+            trimmed = {**shrunk, **{i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap}}
+            diff = sum(self.counter.message(m) - self.sizes[i] for i, m in trimmed.items())
+            return self.base + marker + diff, trimmed
+
         for group in (first, last):
-            cap = max([self.sizes[i] for i in group] + [floor])
-            while group:
-                cap = max(floor, cap // 2)
-                shrunk.update({i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap})
-                total = (
-                    self.base
-                    + marker
-                    + sum(self.counter.message(m) - self.sizes[i] for i, m in shrunk.items())
-                )
-                best = min(best, total)
-                if total <= self.target:
-                    cut = self._refilled(levels, self.target - total)
-                    return self._result(levels, head=0, cut=cut, protected=shrunk, accounts=False)
-                if cap == floor:
-                    break
+            if not group:
+                continue
+            caps = self._trim_caps(group)
+            total, trimmed = trimmed_to(group, caps[-1])
+            best = min(best, total)
+            if total > self.target:
+                shrunk = trimmed
+                continue
+            # caps[high] fits: the largest cap that fits, by bisection (a trim shrinks as its cap does).
+            low, high = 0, len(caps) - 1
+            while low < high:
+                middle = (low + high) // 2
+                tried = trimmed_to(group, caps[middle])
+                if tried[0] <= self.target:
+                    high, (total, trimmed) = middle, tried
+                else:
+                    low = middle + 1
+            cut = self._refilled(levels, self.target - total)
+            return self._result(levels, head=0, cut=cut, protected=trimmed, accounts=False)
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
+
+    def _trim_caps(self, group: list[int]) -> list[int]:
+        """Caps to trim `group` to, largest first: three quarters of its largest message, then
+        halving, down to the floor. Few caps, the same on every request of a conversation (they
+        depend only on the group), so consecutive requests that need about as much trim share
+        the trimmed form; the first step is a quarter, not a half, because what a cap leaves free
+        goes to older turns and steps, which rank below the protected messages."""
+        floor = self.options.protected_floor_tokens
+        top = max(self.sizes[i] for i in group)
+        caps = [top * 3 // 4, *(top >> k for k in range(1, top.bit_length()))]
+        return [cap for cap in caps if cap > floor] + [floor]
 
     def _refilled(self, levels: list[int], room: int) -> int:
         """Where to cut the history once protected messages fit with all of it dropped.
 
-        A halving cap overshoots: what it leaves free takes the newest old
+        A cap on a grid overshoots: what it leaves free takes the newest old
         turns and steps back at `levels`, from the newest while they fit, so a
         loop whose newest result had to be cut still shows the calls before it.
         """

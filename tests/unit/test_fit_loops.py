@@ -168,7 +168,7 @@ def test_the_task_is_not_trimmed_for_a_digest() -> None:
 
 def test_no_protected_message_is_trimmed_for_a_marker() -> None:
     """Fuzzed: system prompt, task and newest step fit whole with up to ~20 tokens to spare, not
-    beside the marker for the dropped steps; the halving trim then cut the task 1,216 -> 400."""
+    beside the marker for the dropped steps; the trim (a halving cap then) cut the task 1,216 -> 400."""
     task = {
         "role": "user",
         "content": " ".join(f"Requirement {n}: keep field_{n} stable." for n in range(120)),
@@ -179,6 +179,33 @@ def test_no_protected_message_is_trimmed_for_a_marker() -> None:
         result = fit(messages, model=MODEL, budget_tokens=budget)
         assert result.messages == [SYSTEM, task, *messages[-2:]] and result.messages[1] is task
         assert result.stages == ("drop_turns",) and result.tokens_after <= budget
+
+
+def test_the_protected_trim_takes_about_what_is_needed() -> None:
+    """On public SWE-agent transcripts at 1/3, system prompt, task and newest step together were
+    a little over the budget; a halving cap then cut the system prompt and the task to half each,
+    and what that freed went to older steps. Now a cap of three quarters of the largest is tried
+    first: only the system prompt is trimmed, and by less than half."""
+    verbs = ("check", "cite", "keep", "test", "name", "log", "sort", "tag")
+    things = ("paths", "errors", "units", "owners", "dates", "hosts")
+    rules = [
+        f"{v.title()} the {t} of {u} {n}: at most {n % 7 + 2} per run."
+        for n, (v, t, u) in enumerate(itertools.product(verbs, things, things))
+    ]
+    system = {"role": "system", "content": " ".join(rules)}
+    task = {"role": "user", "content": " ".join(f"Please {r.lower()}" for r in rules[::2])}
+    messages = [system, task, *loop(6, lines=30)[2:]]
+    sizes = [COUNTER.messages([m]) for m in (system, task)]
+    assert sizes[0] // 2 < sizes[1] < sizes[0] * 3 // 4  # under the first cap, over half the largest
+    overflow = 120
+    budget = COUNTER.messages([system, task, *messages[-2:]]) - overflow
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert "protected" in result.stages and result.tokens_after <= budget
+    assert result.messages[1] is task
+    kept = COUNTER.messages([result.messages[0]])
+    assert kept > sizes[0] // 2  # not cut to half of it
+    assert result.messages[-2:] == messages[-2:]
+    assert validate_chat_messages(result.messages) is None
 
 
 def test_aggressive_never_trims_what_the_plain_fit_keeps_whole() -> None:
