@@ -1018,11 +1018,14 @@ class _Fitter:
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
         first = [i for i in indices if newest is None or i < newest.start]
-        shrunk: dict[int, Message] = {}
+        shrunk: dict[int, Message] = {}  # the groups before, at their floor
         best = self.before
 
         def trimmed_to(group: list[int], cap: int) -> tuple[int, dict[int, Message]]:
-            trimmed = {**shrunk, **{i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap}}
+            """The prompt's size with `group` trimmed to `cap` (and the groups before at their
+            floor), and every trimmed message."""
+            trimmed = {i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap}
+            trimmed.update(shrunk)
             diff = sum(self.counter.message(m) - self.sizes[i] for i, m in trimmed.items())
             return self.base + marker + diff, trimmed
 
