@@ -1018,12 +1018,12 @@ class _Fitter:
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
         last = [i for i in indices if newest is not None and i >= newest.start]
         first = [i for i in indices if newest is None or i < newest.start]
-        shrunk: dict[int, Message] = {}  # the groups before, at their floor
+        shrunk: dict[int, Message] = {}  # the groups before, at their smallest form
         best = self.before
 
         def trimmed_to(group: list[int], cap: int) -> tuple[int, dict[int, Message]]:
             """The prompt's size with `group` trimmed to `cap` (and the groups before at their
-            floor), and every trimmed message."""
+            smallest), and every trimmed message."""
             trimmed = {i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap}
             trimmed.update(shrunk)
             diff = sum(self.counter.message(m) - self.sizes[i] for i, m in trimmed.items())
@@ -1032,23 +1032,19 @@ class _Fitter:
         for group in (first, last):
             if not group:
                 continue
-            caps = self._trim_caps(group)
-            total, trimmed = trimmed_to(group, caps[-1])
-            best = min(best, total)
-            if total > self.target:
-                shrunk = trimmed
-                continue
-            # caps[high] fits: the largest cap that fits, by bisection (a trim shrinks as its cap does).
-            low, high = 0, len(caps) - 1
-            while low < high:
-                middle = (low + high) // 2
-                tried = trimmed_to(group, caps[middle])
-                if tried[0] <= self.target:
-                    high, (total, trimmed) = middle, tried
-                else:
-                    low = middle + 1
-            cut = self._refilled(levels, self.target - total)
-            return self._result(levels, head=0, cut=cut, protected=trimmed, accounts=False)
+            # Largest cap first, each tried: a trim near the floor is rescaled up to reach it and
+            # can come out larger than at the cap above, so a smaller cap is no surer to fit.
+            smallest: tuple[int, dict[int, Message]] | None = None
+            for cap in self._trim_caps(group):
+                total, trimmed = trimmed_to(group, cap)
+                if total <= self.target:
+                    cut = self._refilled(levels, self.target - total)
+                    return self._result(levels, head=0, cut=cut, protected=trimmed, accounts=False)
+                if smallest is None or total < smallest[0]:
+                    smallest = (total, trimmed)
+            if smallest is not None:
+                best = min(best, smallest[0])
+                shrunk = smallest[1]  # the next group is trimmed beside this one's smallest form
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
 
     def _trim_caps(self, group: list[int]) -> list[int]:

@@ -402,3 +402,13 @@ def test_an_aged_step_keeps_its_call_with_its_own_text_cut_short(style: str) -> 
         assert COUNTER.text(text) <= cap < COUNTER.text(original_text)
         assert COUNTER.text(arguments) <= cap < COUNTER.text(original_input)
         orjson.loads(arguments)  # still JSON
+
+
+def test_a_protected_trim_fits_where_a_larger_cap_does() -> None:
+    """Fuzzed: a trim at the floor is rescaled up to reach it and came out larger (389 tokens) than
+    at the cap above it (284), so trying the floor first refused every budget from 297 to 399."""
+    text = (Path(__file__).parent / "data" / "protected_trim_inversion.txt").read_text(encoding="utf-8")
+    messages = [{"role": "system", "content": text}, {"role": "user", "content": "Fix the failing parser test."}]
+    for budget in range(300, 400, 10):
+        result = fit(messages, model=MODEL, budget_tokens=budget)
+        assert result.tokens_after <= budget and result.messages[1] is messages[1]
