@@ -139,6 +139,7 @@ from gateway.compress.transforms import (
     MEDIA_KINDS,
     drop_reasoning,
     map_tool_results,
+    message_texts,
     omit_media,
     omit_tool_result_media,
     placeholder,
@@ -445,6 +446,7 @@ class _Fitter:
         self.before = fixed + sum(sizes)
         self.names = tool_names(list(messages))
         self.densities: dict[int, float] = {}
+        self.text_densities: dict[int, float] = {}
         self.levels = self._ladder()
         units = group_units(messages)
         recent = self._recent_steps(units, narrow)
@@ -574,6 +576,17 @@ class _Fitter:
             self.densities[index] = max(0.5, text_chars(message) / max(1, tokens))
         return self.densities[index]
 
+    def _text_density(self, index: int) -> float:
+        """The density of the message's text alone, for the aged form's small cap: the role, ids
+        and call structure are a large share of an agent step's tokens (about half for a short
+        command with a one-line thought), and counted in, they made its text look half as dense
+        as it is, so a 32-token cap cut 60-character commands and 20-token thoughts."""
+        if index not in self.text_densities:
+            texts = message_texts(self.messages[index])
+            tokens = sum(map(self.counter.text, texts))
+            self.text_densities[index] = max(0.5, sum(map(len, texts)) / max(1, tokens))
+        return self.text_densities[index]
+
     def _effective(self, k: int, level: int) -> int:
         """Older steps of the latest turn skip the rungs: aged out of the recent window, a step
         goes straight to its aged form, so no later rung change re-sends it."""
@@ -594,8 +607,9 @@ class _Fitter:
             else:
                 rung = self.levels[level]
                 base, base_tokens = self._form(k, rung.base)
+                density = self._text_density if level == self.aged_level else self._chars_per_token
                 form = tuple(
-                    rung.transform(message, self._chars_per_token(i))
+                    rung.transform(message, density(i))
                     for message, i in zip(base, range(unit.start, unit.end), strict=True)
                 )
                 # Count only what this level changed.

@@ -44,14 +44,13 @@ TEXT_KINDS = frozenset({"text", "input_text", "output_text"})
 MEDIA_NAME_CHARS = 80  # a file name or document title longer than this is left out of the placeholder
 
 
-def text_chars(message: Message) -> int:
-    """Characters of everything textual in a message (to derive its chars-per-token ratio)."""
-    total = 0
+def message_texts(message: Message) -> list[str]:
+    """Everything textual in a message: its text, call arguments, tool inputs and reasoning."""
+    texts: list[str] = []
 
     def walk(value: Any) -> None:
-        nonlocal total
         if isinstance(value, str):
-            total += len(value)
+            texts.append(value)
         elif isinstance(value, Mapping):
             for key in ("text", "content", "arguments", "input", "function", "thinking"):
                 if key in value:
@@ -64,7 +63,12 @@ def text_chars(message: Message) -> int:
     walk(message.get("tool_calls"))
     for key in REASONING_FIELDS:  # counted as tokens too, so part of the density
         walk(message.get(key))
-    return total
+    return texts
+
+
+def text_chars(message: Message) -> int:
+    """Characters of everything textual in a message (to derive its chars-per-token ratio)."""
+    return sum(map(len, message_texts(message)))
 
 
 def drop_reasoning(message: Message) -> Message:

@@ -382,6 +382,41 @@ def own_text_and_input(message: dict[str, Any]) -> tuple[str, str]:
     return content, message["tool_calls"][0]["function"]["arguments"]
 
 
+def short_step(step: int) -> list[dict[str, Any]]:
+    """A step as mini-swe-agent writes them at times: no thought, a one-line command."""
+    call = f"call_9f3a1c{step:06x}"
+    command = f"sed -n '{40 + step},{45 + step}p' django/db/models/sql/compiler.py"
+    return [
+        {
+            "role": "assistant",
+            "content": "THOUGHT:",
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": orjson.dumps({"command": command}).decode()},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": output(step, 20)},
+    ]
+
+
+def test_an_aged_step_under_its_cap_keeps_its_command() -> None:
+    """On public mini-swe-agent transcripts, aged steps had commands like `sed -n '40,45p'
+    django/db/models/sql/compiler.py` cut to `sed -n '40,45p' … (48 chars) …piler.py`: the cap
+    was converted to characters with the whole message's density, and a small message's role,
+    id and call structure are about half its tokens."""
+    messages = [SYSTEM, TASK] + [m for step in range(30) for m in short_step(step)]
+    result = fit(messages, model=MODEL, budget_tokens=COUNTER.messages(messages) // 3)
+    out = result.messages
+    aged = [out[i - 1] for i, m in enumerate(out) if m["role"] == "tool" and m not in messages]
+    assert len(aged) >= 10  # older steps went to their aged form: their results are notes
+    originals = {m["tool_calls"][0]["id"]: m for m in messages if m["role"] == "assistant"}
+    for message in aged:
+        assert message == originals[message["tool_calls"][0]["id"]]
+
+
 @pytest.mark.parametrize("style", ["openai", "anthropic"])
 def test_an_aged_step_keeps_its_call_with_its_own_text_cut_short(style: str) -> None:
     """Agents that reason aloud spend much of a loop on their own text. Aged steps kept it (at most
@@ -408,7 +443,10 @@ def test_a_protected_trim_fits_where_a_larger_cap_does() -> None:
     """Fuzzed: a trim at the floor is rescaled up to reach it and came out larger (389 tokens) than
     at the cap above it (284), so trying the floor first refused every budget from 297 to 399."""
     text = (Path(__file__).parent / "data" / "protected_trim_inversion.txt").read_text(encoding="utf-8")
-    messages = [{"role": "system", "content": text}, {"role": "user", "content": "Fix the failing parser test."}]
+    messages = [
+        {"role": "system", "content": text},
+        {"role": "user", "content": "Fix the failing parser test."},
+    ]
     for budget in range(300, 400, 10):
         result = fit(messages, model=MODEL, budget_tokens=budget)
         assert result.tokens_after <= budget and result.messages[1] is messages[1]
