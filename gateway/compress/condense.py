@@ -281,8 +281,9 @@ def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]]) -> A
     return value
 
 
-def condense_json(text: str, max_chars: int) -> str | None:
-    """Structure-preserving shrink of a JSON document; None if `text` is not JSON or cannot fit."""
+def condense_json(text: str, max_chars: int, *, or_smallest: bool = False) -> str | None:
+    """Structure-preserving shrink of a JSON document; None if `text` is not JSON, or if it cannot
+    fit and not `or_smallest` (then its smallest shrink, where JSON must stay JSON)."""
     stripped = text.lstrip()
     if not stripped.startswith(("{", "[")):
         return None
@@ -303,7 +304,7 @@ def condense_json(text: str, max_chars: int) -> str | None:
             candidate = shrunk(items, chars)
             if len(candidate) <= max_chars:
                 return candidate
-        return None
+        return candidate if or_smallest and len(candidate) < len(text) else None
     # Room for more than the first step's items: about as many as fit (a list of records cut to
     # 16 kept ~1k tokens whatever the cap: half of a 2k-token cap, an eighth of an 8k one). Sizes
     # grow about linearly with the items kept, so each guess scales the last fitting one.

@@ -303,10 +303,22 @@ def _shrink_call(call: Any, max_chars: int, chars_per_token: float) -> Any:
     arguments = function.get("arguments")
     if not isinstance(arguments, str) or len(arguments) <= max_chars:
         return call
-    shrunk = condense_json(arguments, max_chars)
+    # Arguments that are JSON stay JSON (a cut in the middle of it fails the providers that
+    # parse them, and conversions between wire formats), at their smallest shrink if need be.
+    shrunk = condense_json(arguments, max_chars, or_smallest=True)
     if shrunk is None:
+        if _is_json(arguments):
+            return call
         shrunk = condense(arguments, max_chars, chars_per_token, prose=False)
     return {**call, "function": {**function, "arguments": shrunk}}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _shrink_tool_input(part: Mapping[str, Any], max_chars: int) -> Mapping[str, Any]:
@@ -316,5 +328,5 @@ def _shrink_tool_input(part: Mapping[str, Any], max_chars: int) -> Mapping[str, 
     text = orjson.dumps(value).decode()
     if len(text) <= max_chars:
         return part
-    shrunk = condense_json(text, max_chars)
+    shrunk = condense_json(text, max_chars, or_smallest=True)
     return part if shrunk is None else {**part, "input": orjson.loads(shrunk)}
