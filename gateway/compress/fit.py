@@ -148,6 +148,7 @@ from gateway.compress.transforms import (
     tool_result_texts,
     trim_tool_text,
     truncate_message,
+    truncate_reasoning,
 )
 from gateway.compress.units import PROTECTED_ROLES, Unit, group_units, is_tool_result_carrier
 from gateway.tokens.counter import TokenCounter, counter_for
@@ -1106,8 +1107,12 @@ class _Fitter:
         original = self.messages[index]
         cpt = self._chars_per_token(index)
         limit = int(cap * cpt)
+        # The cap is the message's: results carried together (an Anthropic user message answering
+        # several calls) share it, as separate `role: tool` messages would each have their own.
+        results = max(1, len(tool_result_texts(original)))
         for _ in range(8):
-            message = truncate_message(_trim(self.names, int(limit / cpt), original, cpt), limit, cpt)
+            message = _trim(self.names, int(limit / cpt) // results, original, cpt)
+            message = truncate_reasoning(truncate_message(message, limit, cpt), limit, cpt)
             tokens = self.counter.message(message)
             if tokens >= floor or message is original:
                 return message

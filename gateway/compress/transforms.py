@@ -88,6 +88,17 @@ def drop_reasoning(message: Message) -> Message:
     return message if new == message else new
 
 
+def truncate_reasoning(message: Message, max_chars: int, chars_per_token: float) -> Message:
+    """Middle-truncate reasoning kept as plain text (`reasoning_content`, `reasoning`), for a
+    protected message that must shrink; signed thinking blocks are never changed."""
+    new = dict(message)
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and len(value) > max_chars:
+            new[key] = condense(value, max_chars, chars_per_token, prose=True)
+    return message if new == message else new
+
+
 def media_placeholder(part: Mapping[str, Any]) -> dict[str, Any]:
     """A text part standing for an image, audio, file or document part (its name kept when short)."""
     kind = MEDIA_KINDS[str(part.get("type"))]

@@ -450,3 +450,64 @@ def test_a_protected_trim_fits_where_a_larger_cap_does() -> None:
     for budget in range(300, 400, 10):
         result = fit(messages, model=MODEL, budget_tokens=budget)
         assert result.tokens_after <= budget and result.messages[1] is messages[1]
+
+
+FLOOR = CompressionOptions().protected_floor_tokens
+RULES = {
+    "role": "system",
+    "content": " ".join(f"Rule {n}: keep field_{n} of m{n % 13} stable." for n in range(80)),
+}
+ASK = {"role": "user", "content": " ".join(f"Please check item {n} of the parser suite." for n in range(120))}
+
+
+def floor_bound(messages: list[dict[str, Any]]) -> int:
+    """The prompt with every message at min(its size, the floor): what the protected trim promises."""
+    return COUNTER.messages([]) + sum(min(COUNTER.message(m), FLOOR) for m in messages)
+
+
+def test_results_carried_together_share_the_protected_cap() -> None:
+    """Fuzzed: the newest step's Anthropic user message answering three calls was trimmed result by
+    result to the cap, so at the floor it stayed three floors long and the request was refused
+    200 tokens over what the same step in the OpenAI shape (a message per result) fitted in."""
+    ids = ["toolu_1", "toolu_2", "toolu_3"]
+    call = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": i, "name": "grep", "input": {}} for i in ids],
+    }
+    results = {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": i, "content": output(k, 70)} for k, i in enumerate(ids)
+        ],
+    }
+    messages = [RULES, ASK, call, results]
+    budget = floor_bound(messages) + 100
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    kept = result.messages[-1]["content"]
+    assert [part["tool_use_id"] for part in kept] == ids  # every result answered, each trimmed
+
+
+def test_reasoning_in_the_newest_step_is_trimmed_when_it_must_be() -> None:
+    """Fuzzed: `reasoning_content` on the newest step (sent back within a turn, DeepSeek-style) was
+    never trimmed, so a request 2,000 tokens over the floors of its protected messages was refused."""
+    thought = " ".join(f"Step {n}: maybe helper_{n} breaks because field_{n} moved." for n in range(400))
+    call = {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": thought,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"q": "x"}'}}
+        ],
+    }
+    messages = [
+        RULES,
+        ASK,
+        call,
+        {"role": "tool", "tool_call_id": "c1", "content": "src/parser.py:10: def f(x):"},
+    ]
+    budget = floor_bound(messages) + 200
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    kept = result.messages[-2]["reasoning_content"]
+    assert kept.startswith("Step 0:") and COUNTER.text(kept) < COUNTER.text(thought) // 4
