@@ -322,4 +322,11 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False) -> st
             low, fitting = guess, candidate
         else:
             high = guess - 1
+    # Then longer strings while they fit: a file written by a tool call is one long string, cut to
+    # the first step's length whatever the cap (~145 tokens, under the floor of a protected trim).
+    while chars < max_chars:
+        candidate = shrunk(low, chars * 2)
+        if len(candidate) > max_chars or len(candidate) == len(fitting):
+            break
+        chars, fitting = chars * 2, candidate
     return fitting

@@ -511,3 +511,24 @@ def test_reasoning_in_the_newest_step_is_trimmed_when_it_must_be() -> None:
     assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
     kept = result.messages[-2]["reasoning_content"]
     assert kept.startswith("Step 0:") and COUNTER.text(kept) < COUNTER.text(thought) // 4
+
+
+def test_a_newest_call_writing_a_file_is_trimmed_when_it_must_be() -> None:
+    """Fuzzed: a newest step writing a file (one long string argument) was cut to ~145 tokens at
+    every cap, under the floor, so it was kept whole and the request refused 3,000 tokens over the
+    floors of its protected messages. Long strings now grow to fill the cap."""
+    body = "\n".join(f"def helper_{n}(x):\n    return compute(x, {n}, retries=3)" for n in range(300))
+    arguments = orjson.dumps({"path": "src/parser.py", "content": body}).decode()
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": arguments}}
+        ],
+    }
+    messages = [RULES, ASK, call, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    budget = floor_bound(messages) + 1000
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    kept = orjson.loads(result.messages[-2]["tool_calls"][0]["function"]["arguments"])
+    assert kept["path"] == "src/parser.py" and FLOOR < COUNTER.text(kept["content"]) < COUNTER.text(body)
