@@ -1027,7 +1027,7 @@ class _Fitter:
             return self._result(levels, head=0, cut=cut, protected={}, accounts=False)
         if self.base <= self.target:
             # Whole, but not beside even a bare marker (its ~20 tokens): the history goes without
-            # one. Trimming a protected message for it would cost at least a grid step.
+            # one. Trimming a protected message for it would take a quarter of the largest.
             return self._result(levels, head=0, cut=n, protected={}, accounts=False, markers=False)
         indices = [i for unit in self.units if unit.protected for i in range(unit.start, unit.end)]
         newest = next((unit for unit in reversed(self.units) if unit.step), None)
@@ -1076,7 +1076,7 @@ class _Fitter:
     def _refilled(self, levels: list[int], room: int) -> int:
         """Where to cut the history once protected messages fit with all of it dropped.
 
-        A cap on a grid overshoots: what it leaves free takes the newest old
+        A cap overshoots: what it leaves free takes the newest old
         turns and steps back at `levels`, from the newest while they fit, so a
         loop whose newest result had to be cut still shows the calls before it.
         """
