@@ -117,8 +117,36 @@ def _alert_pieces(pieces: list[str], start: int, stop: int) -> set[int]:
     return found
 
 
-def _select(pieces: list[str], start: int, stop: int, room: int) -> set[int]:
-    """The most informative pieces of [start, stop) that fit in `room` characters.
+def _extend(
+    pieces: list[str], head: int, tail: int, kept: set[int], left: int, share: int
+) -> tuple[int, int]:
+    """The head moved forward over the pieces that fit in `share` of the `left` room; both updated."""
+    spent = 0
+    while head < tail:
+        cost = -MARKER_CHARS if head in kept else len(pieces[head])  # a kept piece is paid for
+        if spent + cost > share:
+            break
+        spent += cost
+        kept.discard(head)
+        head += 1
+    return head, left - spent
+
+
+def _extend_back(pieces: list[str], head: int, tail: int, kept: set[int], left: int) -> tuple[int, int]:
+    """The tail moved back over the pieces that fit in the `left` room; both updated."""
+    while tail > head:
+        cost = -MARKER_CHARS if tail - 1 in kept else len(pieces[tail - 1])
+        if cost > left:
+            break
+        left -= cost
+        kept.discard(tail - 1)
+        tail -= 1
+    return tail, left
+
+
+def _select(pieces: list[str], start: int, stop: int, room: int) -> tuple[set[int], int]:
+    """The most informative pieces of [start, stop) that fit in `room` characters, and the room
+    they leave.
 
     Informative: alerts, digits (numbers, ids, versions), `key: value` or
     `key = value`, and an opening and ending that no other piece shares. At most one piece
@@ -156,7 +184,7 @@ def _select(pieces: list[str], start: int, stop: int, room: int) -> set[int]:
             seen.add(shape)
             kept.add(index)
             room -= cost
-    return kept
+    return kept, room
 
 
 def collapse_repeats(text: str, min_run: int = 3) -> str:
@@ -179,8 +207,14 @@ def collapse_repeats(text: str, min_run: int = 3) -> str:
     return "\n".join(out)
 
 
-def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool) -> str:
-    """Return `text` shrunk to about `max_chars` characters, with explicit omission markers."""
+def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool, fill: bool = False) -> str:
+    """Return `text` shrunk to about `max_chars` characters, with explicit omission markers.
+
+    Text with few informative pieces comes out well under `max_chars` (about 60% for plain
+    prose): the head and tail keep their shares and the middle only its facts. With `fill`
+    the room left goes on reading from the head, then back from the tail. Only for a message
+    that must be kept at a size (a protected one at its floor): for old messages a fuller trim
+    only pushes the rest harder (measured: README, fill_quantum's paragraph)."""
     if len(text) <= max_chars:
         return text
     budget = max(max_chars, 4 * MARKER_CHARS)
@@ -200,8 +234,13 @@ def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool) 
         tail -= 1
     room = budget - used - used_tail - MARKER_CHARS
 
+    kept, left = _select(pieces, head, tail, room)
+    if fill:
+        head_share = int(left * HEAD_SHARE / (HEAD_SHARE + TAIL_SHARE))
+        head, left = _extend(pieces, head, tail, kept, left, head_share)
+        tail, left = _extend_back(pieces, head, tail, kept, left)
+        head, left = _extend(pieces, head, tail, kept, left, left)
     middle = range(head, tail)
-    kept = _select(pieces, head, tail, room)
 
     out: list[str] = pieces[:head]
     gap: list[str] = []

@@ -1110,13 +1110,21 @@ class _Fitter:
         # The cap is the message's: results carried together (an Anthropic user message answering
         # several calls) share it, as separate `role: tool` messages would each have their own.
         results = max(1, len(tool_result_texts(original)))
+        fill = False
         for _ in range(8):
-            message = _trim(self.names, int(limit / cpt) // results, original, cpt)
-            message = truncate_reasoning(truncate_message(message, limit, cpt), limit, cpt)
+            message = _trim(self.names, int(limit / cpt) // results, original, cpt, fill=fill)
+            message = truncate_message(message, limit, cpt, fill=fill)
+            message = truncate_reasoning(message, limit, cpt, fill=fill)
             tokens = self.counter.message(message)
             if tokens >= floor or message is original:
                 return message
-            limit = int(limit * floor / max(1, tokens)) + 16
+            # Under the floor: the trim kept only head, tail and facts, well under its limit (a
+            # message under ~1.6x the floor then never reached it before growing back whole).
+            # Retried filling its limit, from the floor's.
+            if not fill:
+                fill, limit = True, int(floor * cpt)
+            else:
+                limit = int(limit * floor / max(1, tokens)) + 16
         return original
 
     # -- output -----------------------------------------------------------
@@ -1195,9 +1203,9 @@ def _digest(dropped: Sequence[Message], key: str, room: int, counter: TokenCount
     return text
 
 
-def _trim(names: Mapping[str, str], cap: int, message: Message, cpt: float) -> Message:
+def _trim(names: Mapping[str, str], cap: int, message: Message, cpt: float, *, fill: bool = False) -> Message:
     limit = int(cap * cpt)
-    return map_tool_results(message, names, lambda text, _: trim_tool_text(text, limit, cpt))
+    return map_tool_results(message, names, lambda text, _: trim_tool_text(text, limit, cpt, fill=fill))
 
 
 def _truncate(cap: int, message: Message, cpt: float) -> Message:

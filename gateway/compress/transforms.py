@@ -88,14 +88,16 @@ def drop_reasoning(message: Message) -> Message:
     return message if new == message else new
 
 
-def truncate_reasoning(message: Message, max_chars: int, chars_per_token: float) -> Message:
+def truncate_reasoning(
+    message: Message, max_chars: int, chars_per_token: float, *, fill: bool = False
+) -> Message:
     """Middle-truncate reasoning kept as plain text (`reasoning_content`, `reasoning`), for a
     protected message that must shrink; signed thinking blocks are never changed."""
     new = dict(message)
     for key in ("reasoning_content", "reasoning"):
         value = message.get(key)
         if isinstance(value, str) and len(value) > max_chars:
-            new[key] = condense(value, max_chars, chars_per_token, prose=True)
+            new[key] = condense(value, max_chars, chars_per_token, prose=True, fill=fill)
     return message if new == message else new
 
 
@@ -227,7 +229,7 @@ def _swap(fn: TextFn, name: str, text: str) -> str:
     return fn(text, name)
 
 
-def trim_tool_text(text: str, max_chars: int, chars_per_token: float) -> str:
+def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: bool = False) -> str:
     """Tool output shrunk to about max_chars: JSON by structure, anything else by lines."""
     if len(text) <= max_chars:
         return text
@@ -235,7 +237,7 @@ def trim_tool_text(text: str, max_chars: int, chars_per_token: float) -> str:
     if shrunk is not None:
         return shrunk
     folded = collapse_repeats(text)
-    return condense(folded, max_chars, chars_per_token, prose=False)
+    return condense(folded, max_chars, chars_per_token, prose=False, fill=fill)
 
 
 def placeholder(text: str, name: str, chars_per_token: float) -> str:
@@ -277,14 +279,16 @@ def error_lines(text: str) -> list[str]:
     return found
 
 
-def truncate_message(message: Message, max_chars: int, chars_per_token: float) -> Message:
+def truncate_message(
+    message: Message, max_chars: int, chars_per_token: float, *, fill: bool = False
+) -> Message:
     """Middle-truncate a message's own text (not its tool results), and long tool-call arguments."""
     if message.get("role") == "tool":
         return message
     new = dict(message)
 
     def prose(text: str) -> str:
-        return condense(text, max_chars, chars_per_token, prose=True)
+        return condense(text, max_chars, chars_per_token, prose=True, fill=fill)
 
     content = message.get("content")
     if isinstance(content, list):
@@ -301,13 +305,13 @@ def truncate_message(message: Message, max_chars: int, chars_per_token: float) -
         new["content"] = prose(content)
     calls = message.get("tool_calls")
     if isinstance(calls, list):
-        new_calls = [_shrink_call(call, max_chars, chars_per_token) for call in calls]
+        new_calls = [_shrink_call(call, max_chars, chars_per_token, fill) for call in calls]
         if any(a is not b for a, b in zip(new_calls, calls, strict=True)):
             new["tool_calls"] = new_calls
     return message if new == message else new
 
 
-def _shrink_call(call: Any, max_chars: int, chars_per_token: float) -> Any:
+def _shrink_call(call: Any, max_chars: int, chars_per_token: float, fill: bool) -> Any:
     function = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping):
         return call
@@ -320,7 +324,7 @@ def _shrink_call(call: Any, max_chars: int, chars_per_token: float) -> Any:
     if shrunk is None:
         if _is_json(arguments):
             return call
-        shrunk = condense(arguments, max_chars, chars_per_token, prose=False)
+        shrunk = condense(arguments, max_chars, chars_per_token, prose=False, fill=fill)
     return {**call, "function": {**function, "arguments": shrunk}}
 
 

@@ -532,3 +532,30 @@ def test_a_newest_call_writing_a_file_is_trimmed_when_it_must_be() -> None:
     assert result.tokens_after <= budget and "protected" in result.stages
     kept = orjson.loads(result.messages[-2]["tool_calls"][0]["function"]["arguments"])
     assert kept["path"] == "src/parser.py" and FLOOR < COUNTER.text(kept["content"]) < COUNTER.text(body)
+
+
+@pytest.mark.parametrize("floor", [256, 1000])
+def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
+    """Fuzzed: a trim keeps head, tail and facts, about 60% of its limit for plain prose, so a
+    protected message under ~1.6x the floor fell under it at every cap, grew back whole on the
+    retry, and the request was refused 120-600 tokens over the floors of its messages."""
+    task = {
+        "role": "user",
+        "content": " ".join(f"Please check item {j} of the parser suite." for j in range(floor // 7)),
+    }
+    system = {
+        "role": "system",
+        "content": " ".join(f"Rule {n}: keep field_{n} stable." for n in range(floor // 3)),
+    }
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}],
+    }
+    messages = [system, task, call, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    assert floor < COUNTER.message(task) < floor * 3 // 2
+    options = CompressionOptions(protected_floor_tokens=floor)
+    budget = COUNTER.messages([]) + sum(min(COUNTER.message(m), floor) for m in messages) + 50
+    result = fit(messages, model=MODEL, budget_tokens=budget, options=options)
+    assert result.tokens_after <= budget
+    assert floor <= COUNTER.message(result.messages[1]) < COUNTER.message(task)  # trimmed, to the floor
