@@ -382,24 +382,29 @@ def own_text_and_input(message: dict[str, Any]) -> tuple[str, str]:
     return content, message["tool_calls"][0]["function"]["arguments"]
 
 
-def short_step(step: int) -> list[dict[str, Any]]:
-    """A step as mini-swe-agent writes them at times: no thought, a one-line command."""
-    call = f"call_9f3a1c{step:06x}"
-    command = f"sed -n '{40 + step},{45 + step}p' django/db/models/sql/compiler.py"
+def call_step(
+    name: str, arguments: str, result: str, *, call_id: str = "c1", **fields: Any
+) -> list[dict[str, Any]]:
+    """One OpenAI-shape step: an assistant call (with any other `fields`) and the result answering it."""
+    function = {"name": name, "arguments": arguments}
     return [
         {
             "role": "assistant",
-            "content": "THOUGHT:",
-            "tool_calls": [
-                {
-                    "id": call,
-                    "type": "function",
-                    "function": {"name": "bash", "arguments": orjson.dumps({"command": command}).decode()},
-                }
-            ],
+            "content": None,
+            **fields,
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}],
         },
-        {"role": "tool", "tool_call_id": call, "content": output(step, 20)},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
     ]
+
+
+def short_step(step: int) -> list[dict[str, Any]]:
+    """A step as mini-swe-agent writes them at times: no thought, a one-line command."""
+    command = f"sed -n '{40 + step},{45 + step}p' django/db/models/sql/compiler.py"
+    arguments = orjson.dumps({"command": command}).decode()
+    return call_step(
+        "bash", arguments, output(step, 20), call_id=f"call_9f3a1c{step:06x}", content="THOUGHT:"
+    )
 
 
 def test_an_aged_step_under_its_cap_keeps_its_command() -> None:
@@ -460,9 +465,9 @@ RULES = {
 ASK = {"role": "user", "content": " ".join(f"Please check item {n} of the parser suite." for n in range(120))}
 
 
-def floor_bound(messages: list[dict[str, Any]]) -> int:
+def floor_bound(messages: list[dict[str, Any]], floor: int = FLOOR) -> int:
     """The prompt with every message at min(its size, the floor): what the protected trim promises."""
-    return COUNTER.messages([]) + sum(min(COUNTER.message(m), FLOOR) for m in messages)
+    return COUNTER.messages([]) + sum(min(COUNTER.message(m), floor) for m in messages)
 
 
 def test_results_carried_together_share_the_protected_cap() -> None:
@@ -492,20 +497,8 @@ def test_reasoning_in_the_newest_step_is_trimmed_when_it_must_be() -> None:
     """Fuzzed: `reasoning_content` on the newest step (sent back within a turn, DeepSeek-style) was
     never trimmed, so a request 2,000 tokens over the floors of its protected messages was refused."""
     thought = " ".join(f"Step {n}: maybe helper_{n} breaks because field_{n} moved." for n in range(400))
-    call = {
-        "role": "assistant",
-        "content": None,
-        "reasoning_content": thought,
-        "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"q": "x"}'}}
-        ],
-    }
-    messages = [
-        RULES,
-        ASK,
-        call,
-        {"role": "tool", "tool_call_id": "c1", "content": "src/parser.py:10: def f(x):"},
-    ]
+    step = call_step("grep", '{"q": "x"}', "src/parser.py:10: def f(x):", reasoning_content=thought)
+    messages = [RULES, ASK, *step]
     budget = floor_bound(messages) + 200
     result = fit(messages, model=MODEL, budget_tokens=budget)
     assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
@@ -519,14 +512,7 @@ def test_a_newest_call_writing_a_file_is_trimmed_when_it_must_be() -> None:
     floors of its protected messages. Long strings now grow to fill the cap."""
     body = "\n".join(f"def helper_{n}(x):\n    return compute(x, {n}, retries=3)" for n in range(300))
     arguments = orjson.dumps({"path": "src/parser.py", "content": body}).decode()
-    call = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": arguments}}
-        ],
-    }
-    messages = [RULES, ASK, call, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    messages = [RULES, ASK, *call_step("write_file", arguments, "ok")]
     budget = floor_bound(messages) + 1000
     result = fit(messages, model=MODEL, budget_tokens=budget)
     assert result.tokens_after <= budget and "protected" in result.stages
@@ -547,15 +533,10 @@ def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
         "role": "system",
         "content": " ".join(f"Rule {n}: keep field_{n} stable." for n in range(floor // 3)),
     }
-    call = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}],
-    }
-    messages = [system, task, call, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    messages = [system, task, *call_step("grep", "{}", "ok")]
     assert floor < COUNTER.message(task) < floor * 3 // 2
     options = CompressionOptions(protected_floor_tokens=floor)
-    budget = COUNTER.messages([]) + sum(min(COUNTER.message(m), floor) for m in messages) + 50
+    budget = floor_bound(messages, floor) + 50
     result = fit(messages, model=MODEL, budget_tokens=budget, options=options)
     assert result.tokens_after <= budget
     assert floor <= COUNTER.message(result.messages[1]) < COUNTER.message(task)  # trimmed, to the floor
