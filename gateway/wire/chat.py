@@ -240,6 +240,7 @@ def _part(part: object, where: str, depth: int) -> None:
     elif kind == "tool_use":
         for name in ("id", "name"):
             check_optional(part, name, str, "a string", where)
+        check_optional(part, "input", dict, "an object", where)
     elif kind == "tool_result":
         check_optional(part, "tool_use_id", str, "a string", where)
         check_content(part.get("content"), f"{where}.content", depth=depth + 1)

@@ -61,6 +61,11 @@ MALFORMED: list[tuple[str, Any, str | None]] = [
         "messages[0].content[0].image_url",
     ),
     (
+        "tool_use input as a string",
+        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "input": "x"}]}]},
+        "messages[0].content[0].input",
+    ),
+    (
         "tool_calls as an object",
         {"messages": [{"role": "assistant", "content": None, "tool_calls": {"id": "c"}}]},
         "messages[0].tool_calls",

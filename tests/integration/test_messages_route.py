@@ -210,6 +210,12 @@ def test_gateway_errors_are_anthropic_shaped(claude: anthropic.Anthropic, gatewa
     with pytest.raises(anthropic.BadRequestError) as bad:
         claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "system", "content": "x"}])  # type: ignore[list-item]
     assert "messages[0].role" in str(bad.value)
+    use = {"type": "tool_use", "id": "toolu_1", "name": "write", "input": "a file written as one string"}
+    answer = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
+    steps = [user("go"), {"role": "assistant", "content": [use]}, {"role": "user", "content": [answer]}]
+    with pytest.raises(anthropic.BadRequestError) as not_an_object:  # the API takes objects only
+        claude.messages.create(model=MODEL, max_tokens=10, messages=steps)  # type: ignore[arg-type]
+    assert "messages[1].content[0].input" in str(not_an_object.value)
     huge = "word " * 20_000
     with pytest.raises(anthropic.BadRequestError) as refused:  # the answer alone nearly fills the window
         claude.messages.create(model=MODEL, max_tokens=2_700, system=huge, messages=[user(huge)])
