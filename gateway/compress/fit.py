@@ -142,6 +142,7 @@ from gateway.compress.transforms import (
     message_texts,
     omit_media,
     omit_tool_result_media,
+    part_lengths,
     placeholder,
     text_chars,
     tool_names,
@@ -1107,14 +1108,15 @@ class _Fitter:
         original = self.messages[index]
         cpt = self._chars_per_token(index)
         limit = int(cap * cpt)
-        # The cap is the message's: results carried together (an Anthropic user message answering
-        # several calls) share it, as separate `role: tool` messages would each have their own.
-        results = max(1, len(tool_result_texts(original)))
+        # The cap is the message's: its parts (text, arguments, reasoning, results carried
+        # together) share it, as separate messages would each have their own.
+        lengths = part_lengths(original)
         fill = False
         for _ in range(8):
-            message = _trim(self.names, int(limit / cpt) // results, original, cpt, fill=fill)
-            message = truncate_message(message, limit, cpt, fill=fill)
-            message = truncate_reasoning(message, limit, cpt, fill=fill)
+            share = _fair_share(lengths, limit)
+            message = _trim(self.names, int(share / cpt), original, cpt, fill=fill)
+            message = truncate_message(message, share, cpt, fill=fill)
+            message = truncate_reasoning(message, share, cpt, fill=fill)
             tokens = self.counter.message(message)
             if tokens >= floor or message is original:
                 return message
@@ -1201,6 +1203,18 @@ def _digest(dropped: Sequence[Message], key: str, room: int, counter: TokenCount
         if len(_DIGESTS) > DIGEST_CACHE_SIZE:
             _DIGESTS.popitem(last=False)
     return text
+
+
+def _fair_share(lengths: Sequence[int], total: int) -> int:
+    """The largest per-part limit under which `lengths` sum to at most `total`: parts shorter than
+    it stay whole, and what they leave goes to the longer ones."""
+    remaining, left = total, len(lengths)
+    for length in sorted(lengths):
+        share = remaining // left
+        if length > share:
+            return share
+        remaining, left = remaining - length, left - 1
+    return total  # everything fits whole
 
 
 def _trim(names: Mapping[str, str], cap: int, message: Message, cpt: float, *, fill: bool = False) -> Message:

@@ -66,6 +66,34 @@ def message_texts(message: Message) -> list[str]:
     return texts
 
 
+def part_lengths(message: Message) -> list[int]:
+    """Characters of each part a protected trim cuts on its own: the text, every tool result,
+    call's arguments or tool input, and plain-text reasoning."""
+    lengths = [len(text) for text in tool_result_texts(message)]
+    if message.get("role") == "tool":
+        return lengths
+    content = message.get("content")
+    if isinstance(content, str):
+        lengths.append(len(content))
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            if part.get("type") in TEXT_KINDS and isinstance(part.get("text"), str):
+                lengths.append(len(part["text"]))
+            elif part.get("type") == "tool_use" and isinstance(part.get("input"), dict | list):
+                lengths.append(len(orjson.dumps(part["input"])))
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
+            lengths.append(len(function["arguments"]))
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(value := message.get(key), str):
+            lengths.append(len(value))
+    return lengths
+
+
 def text_chars(message: Message) -> int:
     """Characters of everything textual in a message (to derive its chars-per-token ratio)."""
     return sum(map(len, message_texts(message)))

@@ -520,6 +520,39 @@ def test_a_newest_call_writing_a_file_is_trimmed_when_it_must_be() -> None:
     assert kept["path"] == "src/parser.py" and FLOOR < COUNTER.text(kept["content"]) < COUNTER.text(body)
 
 
+def test_the_parts_of_a_newest_call_share_its_cap() -> None:
+    """Fuzzed: a newest call with a long thought, long reasoning and a long file to write had each
+    part cut to the message's cap, so at the floor it stayed three floors long and a request 400
+    tokens over the floors of its messages was refused."""
+    thought = " ".join(f"Step {n}: maybe helper_{n} breaks because field_{n} moved." for n in range(400))
+    body = "\n".join(f"def helper_{n}(x):\n    return compute(x, {n}, retries=3)" for n in range(300))
+    arguments = orjson.dumps({"path": "src/parser.py", "content": body}).decode()
+    step = call_step("write_file", arguments, "ok", content=thought, reasoning_content=thought)
+    messages = [RULES, ASK, *step]
+    budget = floor_bound(messages) + 100
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    call = result.messages[-2]
+    kept = orjson.loads(call["tool_calls"][0]["function"]["arguments"])
+    assert kept["path"] == "src/parser.py" and call["content"].startswith("Step 0:")
+    assert call["reasoning_content"].startswith("Step 0:")
+
+
+def test_a_thought_and_a_tool_input_share_the_cap() -> None:
+    """The same in Anthropic blocks: a text block and a `tool_use` input each kept the whole cap."""
+    thought = " ".join(f"Step {n}: maybe helper_{n} breaks because field_{n} moved." for n in range(400))
+    body = "\n".join(f"def helper_{n}(x):\n    return compute(x, {n}, retries=3)" for n in range(300))
+    use = {"type": "tool_use", "id": "toolu_1", "name": "write", "input": {"path": "a.py", "content": body}}
+    call = {"role": "assistant", "content": [{"type": "text", "text": thought}, use]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}
+    messages = [RULES, ASK, call, answer]
+    budget = floor_bound(messages) + 100
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    text, kept = result.messages[-2]["content"]
+    assert text["text"].startswith("Step 0:") and kept["input"]["path"] == "a.py"
+
+
 @pytest.mark.parametrize("floor", [256, 1000])
 def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
     """Fuzzed: a trim keeps head, tail and facts, about 60% of its limit for plain prose, so a
