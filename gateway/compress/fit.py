@@ -542,7 +542,8 @@ class _Fitter:
         Trims and the placeholder all start from the reasoning-free form, so a
         placeholder states the original size; truncations add to placeholders,
         and the last rung omits old media on top of the last truncation. An
-        aged step's form cuts its text to `aged_step_cap` on top of that.
+        aged step's form omits media and cuts its text to `aged_step_cap` on
+        top of the placeholders.
         """
         names = self.names
         levels = [
@@ -557,7 +558,9 @@ class _Fitter:
             levels.append(_Level("truncate", placeholders, partial(_truncate, cap)))
         levels.append(_Level("truncate", len(levels) - 1, lambda m, _: omit_media(m)))
         self.top = len(levels) - 1
-        levels.append(_Level("truncate", self.top, partial(_truncate, self.options.aged_step_cap)))
+        # From the placeholders, not the last truncation: one cut, whose marker states what the
+        # original held (a cut on top of a cut counted only the second: "401 chars" of 5,479).
+        levels.append(_Level("truncate", placeholders, partial(_aged, self.options.aged_step_cap)))
         self.aged_level = len(levels) - 1
         return levels
 
@@ -1224,6 +1227,10 @@ def _trim(names: Mapping[str, str], cap: int, message: Message, cpt: float, *, f
 
 def _truncate(cap: int, message: Message, cpt: float) -> Message:
     return truncate_message(message, int(cap * cpt), cpt)
+
+
+def _aged(cap: int, message: Message, cpt: float) -> Message:
+    return truncate_message(omit_media(message), int(cap * cpt), cpt)
 
 
 def _placeholder(names: Mapping[str, str], message: Message, cpt: float) -> Message:
