@@ -26,6 +26,7 @@ import orjson
 HEAD_SHARE = 0.35
 TAIL_SHARE = 0.25
 MARKER_CHARS = 48  # room reserved for the omission marker a kept middle piece may add
+CLIP_MARKER_CHARS = 28  # a clip's one marker, spaces around it included
 MIN_SCORE = 2
 
 # Scanning every line of a megabyte of tool output with regular expressions
@@ -170,8 +171,8 @@ def _select(pieces: list[str], start: int, stop: int, room: int) -> tuple[set[in
         score = alert + 2 * (shape != piece) + (":" in piece or "=" in piece or "：" in piece)
         if score and common == 1:
             score += 3
-        # Text condensed again (an aged step's, cut shorter) holds the markers of the first cut:
-        # kept, they would fill the room with markers side by side.
+        # Text condensed again (a caller cutting a cut text shorter) holds the markers of the first
+        # cut: kept, they would fill the room with markers side by side.
         if score >= MIN_SCORE and not _is_marker(piece):
             candidates.append((-score, index))
     candidates.sort()
@@ -217,7 +218,9 @@ def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool, 
     only pushes the rest harder (measured: README, fill_quantum's paragraph)."""
     if len(text) <= max_chars:
         return text
-    budget = max(max_chars, 4 * MARKER_CHARS)
+    if max_chars < 4 * MARKER_CHARS:
+        return _clip(text, max_chars, chars_per_token)
+    budget = max_chars
     pieces = _pieces(text, prose, max(64, budget // 6))
     head_room = int(budget * HEAD_SHARE)
     tail_room = int(budget * TAIL_SHARE)
@@ -263,6 +266,24 @@ def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool, 
     flush()
     out.extend(pieces[tail:])
     return "".join(out)
+
+
+def _clip(text: str, max_chars: int, chars_per_token: float) -> str:
+    """`text` cut to a few words: its opening and its ending, at spaces, around one short marker.
+
+    Below a few markers' room, pieces and their markers cost more than the text kept (an aged
+    agent step's thought, capped at 32 tokens, came out at 64 with two markers and a fact).
+    """
+    room = max(0, max_chars - CLIP_MARKER_CHARS)
+    head = room * 2 // 3
+    space = max(text.rfind(" ", 0, head + 1), text.rfind("\n", 0, head + 1))
+    head = space if space > head // 2 else head
+    tail = len(text) - (room - head)
+    space = min((i for i in (text.find(" ", tail), text.find("\n", tail)) if i != -1), default=-1)
+    tail = space + 1 if space != -1 and space + 1 - tail < (room - head) // 2 else tail
+    tokens = max(1, round((tail - head) / chars_per_token))
+    clipped = f"{text[:head]} [… ~{tokens:,} tokens omitted …] {text[tail:]}"
+    return clipped if len(clipped) < len(text) else text
 
 
 # JSON: keep the structure (every key) and shorten long arrays and strings, so

@@ -528,10 +528,9 @@ class _Fitter:
         total = 0
         for i in range(unit.start, unit.end):
             original = self.messages[i]
-            cpt = self._chars_per_token(i)
             message = original
             for level in reversed(chain[:-1]):
-                message = self.levels[level].transform(message, cpt)
+                message = self.levels[level].transform(message, self._density(level)(i))
             total += self.sizes[i] if message == original else self.counter.message(message)
         return total
 
@@ -592,6 +591,10 @@ class _Fitter:
             self.text_densities[index] = max(0.5, sum(map(len, texts)) / max(1, tokens))
         return self.text_densities[index]
 
+    def _density(self, level: int) -> Callable[[int], float]:
+        """The characters per token that turn `level`'s caps into characters, by message index."""
+        return self._text_density if level == self.aged_level else self._chars_per_token
+
     def _effective(self, k: int, level: int) -> int:
         """Older steps of the latest turn skip the rungs: aged out of the recent window, a step
         goes straight to its aged form, so no later rung change re-sends it."""
@@ -612,7 +615,7 @@ class _Fitter:
             else:
                 rung = self.levels[level]
                 base, base_tokens = self._form(k, rung.base)
-                density = self._text_density if level == self.aged_level else self._chars_per_token
+                density = self._density(level)
                 form = tuple(
                     rung.transform(message, density(i))
                     for message, i in zip(base, range(unit.start, unit.end), strict=True)

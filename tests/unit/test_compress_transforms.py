@@ -45,6 +45,21 @@ def test_condensing_again_keeps_text_not_the_first_cut_markers() -> None:
     assert twice.endswith("value_0_39 because the parser drops it.")
 
 
+def test_a_cut_to_a_few_words_keeps_both_ends_around_one_marker() -> None:
+    """Under a few markers' room (an aged step's 32 tokens), a cut is the text's opening and
+    ending, at spaces, around one short marker, within the limit."""
+    thought = (
+        "THOUGHT: the index is cast to int64 in PandasMultiIndex. " + "It reads each level. " * 20 + "Done."
+    )
+    out = condense(thought, 128, 4.0, prose=True)
+    assert len(out) <= 128 and out.count("omitted") == 1
+    head, tail = out.split(" [… ")
+    ending = tail.split("…] ")[1]
+    assert thought.startswith(head) and thought[len(head)] == " "  # cut at a space
+    assert thought.endswith(ending) and thought[-len(ending) - 1] == " "
+    assert condense("ab" * 10, 10, 4.0, prose=True) == "ab" * 10  # never longer than the text
+
+
 def test_condense_is_token_aware_for_text_without_spaces() -> None:
     text = "这是一个很长的中文句子，没有空格。" * 2_000
     out = condense(text, 600, 1.2, prose=True)

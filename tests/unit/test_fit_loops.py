@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,50 @@ def test_an_aged_step_under_its_cap_keeps_its_command() -> None:
     originals = {m["tool_calls"][0]["id"]: m for m in messages if m["role"] == "assistant"}
     for message in aged:
         assert message == originals[message["tool_calls"][0]["id"]]
+
+
+def reasoned_step(step: int, thought: str, lines: int) -> list[dict[str, Any]]:
+    """A mini-swe-agent-like step: a thought, a short command, a random-looking OpenAI call id."""
+    command = orjson.dumps({"command": "grep -n 'def _stack_once' xarray/core/dataset.py"}).decode()
+    call_id = "call_" + hashlib.sha256(str(step).encode()).hexdigest()[:24]
+    return call_step("bash", command, output(step, lines), call_id=call_id, content=thought)
+
+
+def test_an_aged_thought_is_cut_to_its_cap() -> None:
+    """A 32-token cap is under the room of a few omission markers: the piecewise cut of a thought
+    came out a quarter to twice over the cap (on public transcripts, head, a fact and tail between
+    two markers, 64 tokens). Now it is a few words of each end around one short marker."""
+    messages = [SYSTEM, TASK]
+    for n in range(30):
+        thought = (
+            f"THOUGHT: It seems `sed -i '{30 + n}d'` did not delete the line I expected.\n"
+            "Looking at the file again, the class still holds the old default message.\n"
+            f"Line {31 + n}: self.message = default\n"
+            "So I will remove that line instead, then run the tests for the constraint module again."
+        )
+        messages += reasoned_step(n, thought, 12)
+    result = fit(messages, model=MODEL, budget_tokens=int(COUNTER.messages(messages) / 2.5))
+    aged = [m["content"] for m in result.messages if m["role"] == "assistant" and m not in messages]
+    assert aged
+    for text in aged:
+        # The cap becomes characters by the text's density; code in backticks is a little denser.
+        assert COUNTER.text(text) <= CompressionOptions().aged_step_cap + 4 and text.count("omitted") == 1
+        assert text.startswith("THOUGHT: It seems `sed -i") and text.endswith("constraint module again.")
+
+
+def test_the_recent_window_weighs_aged_steps_as_they_are_cut() -> None:
+    """The recent window weighed the steps before it at their aged size by the whole message's
+    density, where the aged form uses its text's (ids and call structure are half a short
+    step's tokens): it took more steps whole than the rest left room for, and a fifth of the
+    calls were dropped at 1/1.5, where all of them fit."""
+    thought = "THOUGHT: Okay, `stack` is defined around line 4554 in `xarray/core/dataset.py`. Let me look at"
+    messages = [SYSTEM, TASK]
+    for n in range(20):
+        messages += reasoned_step(n, f"{thought} how it builds the index for case {n} before the cast.", 8)
+    budget = int(COUNTER.messages(messages) / 1.5)
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget
+    assert sum(m["role"] == "assistant" for m in result.messages) == 20
 
 
 def test_an_aged_step_states_how_long_its_argument_was() -> None:
