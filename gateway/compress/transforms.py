@@ -52,9 +52,14 @@ def message_texts(message: Message) -> list[str]:
         if isinstance(value, str):
             texts.append(value)
         elif isinstance(value, Mapping):
-            for key in ("text", "content", "arguments", "input", "function", "thinking"):
+            for key in ("text", "content", "arguments", "function", "thinking"):
                 if key in value:
                     walk(value[key])
+            tool_input = value.get("input")
+            if isinstance(tool_input, dict | list):  # a tool_use's input: counted as its JSON
+                texts.append(orjson.dumps(tool_input).decode())
+            elif tool_input is not None:
+                walk(tool_input)
         elif isinstance(value, list):
             for item in value:
                 walk(item)
@@ -82,7 +87,7 @@ def part_lengths(message: Message) -> list[int]:
             if part.get("type") in TEXT_KINDS and isinstance(part.get("text"), str):
                 lengths.append(len(part["text"]))
             elif part.get("type") == "tool_use" and isinstance(part.get("input"), dict | list):
-                lengths.append(len(orjson.dumps(part["input"])))
+                lengths.append(len(orjson.dumps(part["input"]).decode()))
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, Mapping) else None
