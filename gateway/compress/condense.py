@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections import Counter
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any
 
 import orjson
@@ -291,6 +291,8 @@ def _clip(text: str, max_chars: int, chars_per_token: float) -> str:
 
 _JSON_STEPS = ((16, 512), (8, 256), (4, 128), (2, 64), (1, 32))
 JSON_FILL_ATTEMPTS = 6
+_JSON_KEY_STEPS = (16, 8, 4, 2, 1)
+OMITTED_KEYS = "…"  # the key that counts an object's keys left out
 
 
 MAX_SALIENT_ITEMS = 4
@@ -312,16 +314,21 @@ def _salient(values: list[Any]) -> list[int]:
     return found
 
 
-def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]]) -> Any:
-    """`value` with arrays cut to `items` (plus salient ones) and strings to `chars`.
+def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]], keys: int | None = None) -> Any:
+    """`value` with arrays cut to `items` (plus salient ones), strings to `chars`, and, given
+    `keys`, objects to their first `keys` keys and a last one that counts the rest.
 
     `memo` keeps each array's salient items across the attempts at smaller sizes.
     """
     if isinstance(value, dict):
-        return {key: _shrink(item, items, chars, memo) for key, item in value.items()}
+        if keys is None or len(value) <= keys + 1:
+            return {key: _shrink(item, items, chars, memo, keys) for key, item in value.items()}
+        kept = {key: _shrink(item, items, chars, memo, keys) for key, item in islice(value.items(), keys)}
+        kept[OMITTED_KEYS] = f"{len(value) - keys:,} more keys omitted by context-gateway"
+        return kept
     if isinstance(value, list):
         if len(value) <= items + 1:
-            return [_shrink(item, items, chars, memo) for item in value]
+            return [_shrink(item, items, chars, memo, keys) for item in value]
         keep = set(range(items)) | {len(value) - 1}
         # A few items that stand out survive from the middle, their strings less cut.
         if id(value) not in memo:
@@ -333,7 +340,9 @@ def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]]) -> A
         for i in sorted(keep):  # the kept items only: each attempt costs what it keeps
             if i - previous > 1:
                 out.append(f"… {i - previous - 1:,} more items omitted by context-gateway …")
-            out.append(_shrink(value[i], items, max(chars, SALIENT_CHARS) if i in salient else chars, memo))
+            out.append(
+                _shrink(value[i], items, max(chars, SALIENT_CHARS) if i in salient else chars, memo, keys)
+            )
             previous = i
         return out
     if isinstance(value, str) and len(value) > chars:
@@ -341,9 +350,12 @@ def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]]) -> A
     return value
 
 
-def condense_json(text: str, max_chars: int, *, or_smallest: bool = False) -> str | None:
+def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill: bool = False) -> str | None:
     """Structure-preserving shrink of a JSON document; None if `text` is not JSON, or if it cannot
-    fit and not `or_smallest` (then its smallest shrink, where JSON must stay JSON)."""
+    fit and not `or_smallest` (then its smallest shrink, where JSON must stay JSON).
+
+    Under the first step, a step's items and strings are what fits; with `fill` (a protected
+    message kept at a size) as many items as fit between that step and the one above it."""
     stripped = text.lstrip()
     if not stripped.startswith(("{", "[")):
         return None
@@ -354,21 +366,32 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False) -> st
     option = orjson.OPT_INDENT_2 if "\n" in stripped else 0
     memo: dict[int, list[int]] = {}
 
-    def shrunk(items: int, chars: int) -> str:
-        return orjson.dumps(_shrink(value, items, chars, memo), option=option).decode()
+    def shrunk(items: int, chars: int, keys: int | None = None) -> str:
+        return orjson.dumps(_shrink(value, items, chars, memo, keys), option=option).decode()
 
     items, chars = _JSON_STEPS[0]
+    high = max_chars // 2  # an item takes two characters at least
     fitting = shrunk(items, chars)
+    for smaller, shorter in _JSON_STEPS[1:]:
+        if len(fitting) <= max_chars:
+            break
+        high, items, chars = items - 1, smaller, shorter
+        fitting = shrunk(items, chars)
+    if len(fitting) > max_chars and or_smallest:
+        # Where JSON must stay JSON, every key kept can still be too much (arguments of sixty
+        # fields): then objects keep their first keys too, and a count of the rest.
+        for keys in _JSON_KEY_STEPS:
+            fitting = shrunk(items, chars, keys)
+            if len(fitting) <= max_chars:
+                return fitting
     if len(fitting) > max_chars:
-        for items, chars in _JSON_STEPS[1:]:
-            candidate = shrunk(items, chars)
-            if len(candidate) <= max_chars:
-                return candidate
-        return candidate if or_smallest and len(candidate) < len(text) else None
-    # Room for more than the first step's items: about as many as fit (a list of records cut to
+        return fitting if or_smallest and len(fitting) < len(text) else None
+    if (items, chars) != _JSON_STEPS[0] and not fill:
+        return fitting
+    # Room for more than the step's items: about as many as fit (a list of records cut to
     # 16 kept ~1k tokens whatever the cap: half of a 2k-token cap, an eighth of an 8k one). Sizes
     # grow about linearly with the items kept, so each guess scales the last fitting one.
-    low, high = items, max_chars // 2  # an item takes two characters at least
+    low = items
     for _ in range(JSON_FILL_ATTEMPTS):
         if low >= high:
             break
@@ -384,9 +407,20 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False) -> st
             high = guess - 1
     # Then longer strings while they fit: a file written by a tool call is one long string, cut to
     # the first step's length whatever the cap (~145 tokens, under the floor of a protected trim).
+    longer = chars * 2
     while chars < max_chars:
-        candidate = shrunk(low, chars * 2)
+        candidate = shrunk(low, longer)
         if len(candidate) > max_chars or len(candidate) == len(fitting):
             break
-        chars, fitting = chars * 2, candidate
+        chars, fitting, longer = longer, candidate, longer * 2
+    # Kept at a size: between the doublings too (one doubling can be a protected message's floor).
+    for _ in range(JSON_FILL_ATTEMPTS if fill else 0):
+        middle = (chars + longer) // 2
+        if middle <= chars:
+            break
+        candidate = shrunk(low, middle)
+        if len(candidate) <= max_chars:
+            chars, fitting = middle, candidate
+        else:
+            longer = middle
     return fitting

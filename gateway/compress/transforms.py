@@ -266,7 +266,7 @@ def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: b
     """Tool output shrunk to about max_chars: JSON by structure, anything else by lines."""
     if len(text) <= max_chars:
         return text
-    shrunk = condense_json(text, max_chars)
+    shrunk = condense_json(text, max_chars, fill=fill)
     if shrunk is not None:
         return shrunk
     folded = collapse_repeats(text)
@@ -328,7 +328,7 @@ def truncate_message(
         out = []
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "tool_use":
-                part = _shrink_tool_input(part, max_chars)
+                part = _shrink_tool_input(part, max_chars, fill)
             elif isinstance(part, Mapping) and part.get("type") in TEXT_KINDS:
                 part = _map_text([part], prose)[0]
             out.append(part)
@@ -353,7 +353,7 @@ def _shrink_call(call: Any, max_chars: int, chars_per_token: float, fill: bool) 
         return call
     # Arguments that are JSON stay JSON (a cut in the middle of it fails the providers that
     # parse them, and conversions between wire formats), at their smallest shrink if need be.
-    shrunk = condense_json(arguments, max_chars, or_smallest=True)
+    shrunk = condense_json(arguments, max_chars, or_smallest=True, fill=fill)
     if shrunk is None:
         if _is_json(arguments):
             return call
@@ -369,12 +369,12 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def _shrink_tool_input(part: Mapping[str, Any], max_chars: int) -> Mapping[str, Any]:
+def _shrink_tool_input(part: Mapping[str, Any], max_chars: int, fill: bool) -> Mapping[str, Any]:
     value = part.get("input")
     if not isinstance(value, dict | list):
         return part
     text = orjson.dumps(value).decode()
     if len(text) <= max_chars:
         return part
-    shrunk = condense_json(text, max_chars, or_smallest=True)
+    shrunk = condense_json(text, max_chars, or_smallest=True, fill=fill)
     return part if shrunk is None else {**part, "input": orjson.loads(shrunk)}

@@ -613,6 +613,64 @@ def test_a_thought_and_a_tool_input_share_the_cap() -> None:
     assert text["text"].startswith("Step 0:") and kept["input"]["path"] == "a.py"
 
 
+def test_a_tool_input_of_strings_under_other_keys_is_trimmed_when_it_must_be() -> None:
+    """Fuzzed: a `tool_use` input's text was found only under the keys chat content uses (`text`,
+    `content` …), so an input of `items` held no text: its density fell to the minimum, every
+    limit came out in a few characters, the trim stayed under the floor and the call was kept
+    whole; a request 400 tokens over the floors of its messages was refused."""
+    items = [
+        f"src/parser.py:{n}: retries={n} order AB-{n:04d} failed; config value user {n}.5" for n in range(25)
+    ]
+    use = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"items": items}}
+    call = {"role": "assistant", "content": [use]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}
+    messages = [RULES, ASK, call, answer]
+    budget = floor_bound(messages) + 100
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    [kept] = result.messages[-2]["content"]
+    assert kept["input"]["items"][0] == items[0] and len(kept["input"]["items"]) < len(items)
+
+
+def test_a_newest_file_write_is_trimmed_to_about_the_floor() -> None:
+    """Fuzzed: a long string argument grows by doublings to fill a cap, and at the floor one
+    doubling was under it and the next 1.7 times over: a request 190 tokens over the floors of
+    its messages was refused. Kept at a size, strings also grow between the doublings."""
+    body = " ".join(f"step {n}: the build failed because config value {n} timed out" for n in range(80))
+    arguments = orjson.dumps({"path": "src/a.py", "content": body}).decode()
+    messages = [RULES, ASK, *call_step("write_file", arguments, "ok")]
+    budget = floor_bound(messages) + 100
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    kept = orjson.loads(result.messages[-2]["tool_calls"][0]["function"]["arguments"])
+    assert kept["content"].startswith("step 0: the build failed") and kept["path"] == "src/a.py"
+
+
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_a_newest_call_with_many_fields_is_trimmed_when_it_must_be(style: str) -> None:
+    """Fuzzed: arguments of sixty fields stayed over the floor at their smallest shrink, which
+    keeps every key, and a request 800 tokens over the floors of its messages was refused. Where
+    JSON must stay JSON, objects now keep their first keys and a count of the rest."""
+    fields = {f"field_{n}": f"value {n} of the order AB-{n:04d}, checked" for n in range(60)}
+    if style == "openai":
+        step = call_step("update", orjson.dumps(fields).decode(), "ok")
+    else:
+        use = {"type": "tool_use", "id": "toolu_1", "name": "update", "input": fields}
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
+        step = [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+    messages = [RULES, ASK, *step]
+    budget = floor_bound(messages) + 100
+    fitted = fit(messages, model=MODEL, budget_tokens=budget)
+    assert fitted.tokens_after <= budget and "protected" in fitted.stages
+    call = fitted.messages[-2]
+    kept = (
+        orjson.loads(call["tool_calls"][0]["function"]["arguments"])
+        if style == "openai"
+        else call["content"][0]["input"]
+    )
+    assert "field_0" in kept and "more keys omitted by context-gateway" in kept["…"]
+
+
 @pytest.mark.parametrize("floor", [256, 1000])
 def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
     """Fuzzed: a trim keeps head, tail and facts, about 60% of its limit for plain prose, so a
