@@ -333,7 +333,9 @@ def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]], keys
         # A few items that stand out survive from the middle, their strings less cut.
         if id(value) not in memo:
             memo[id(value)] = _salient(value[1:-1])
-        salient = {1 + i for i in memo[id(value)] if 1 + i >= items}
+        # (Not in the last resort that cuts keys too: there, four items of 160 characters each
+        # in every list kept a call of three such inputs 120 tokens over a protected floor.)
+        salient = {1 + i for i in memo[id(value)] if 1 + i >= items} if keys is None else set()
         keep |= salient
         out: list[Any] = []
         previous = -1

@@ -161,6 +161,10 @@ Transform = Callable[[Message, float], Message]  # (message, its chars per token
 # A trim rung is computed only if its estimate is within this factor of the budget
 # (the estimate only filters and places rungs; what is kept is always counted exactly).
 TRIM_ESTIMATE_SLACK = 1.0
+# A protected message at the floor is trimmed to within this many tokens over it, in at most
+# this many attempts (each a trim and a count of a floor-sized message).
+FLOOR_TRIM_SLACK = 16
+FLOOR_TRIM_ATTEMPTS = 10
 ALL_STAGES = ("reasoning", "tool_results", "truncate", "drop_turns", "protected")
 # What a result reports: the stages, and what stood for the dropped spans (an LLM summary or the digest).
 REPORTED = ("reasoning", "tool_results", "truncate", "drop_turns", "digest", "summary", "protected")
@@ -1106,34 +1110,60 @@ class _Fitter:
 
         The character limit comes from the message's density, which a trim
         can change (it keeps whole lines and sentences, which may be denser
-        than the average): when the result falls below the floor, the limit
-        is scaled up and the trim redone; a message that cannot be trimmed to
-        at least the floor is kept whole.
+        than the average). A trim that falls below the floor, or any at the
+        floor's cap, is searched for instead: the smallest trim filling its
+        limit that keeps the floor; a message that cannot be trimmed to at
+        least the floor is kept whole.
         """
         floor = self.options.protected_floor_tokens
         original = self.messages[index]
         cpt = self._chars_per_token(index)
-        limit = int(cap * cpt)
         # The cap is the message's: its parts (text, arguments, reasoning, results carried
         # together) share it, as separate messages would each have their own.
         lengths = part_lengths(original)
-        fill = False
-        for _ in range(8):
+
+        def trimmed(limit: int, fill: bool) -> tuple[Message, int]:
             share = _fair_share(lengths, limit)
             message = _trim(self.names, int(share / cpt), original, cpt, fill=fill)
             message = truncate_message(message, share, cpt, fill=fill)
             message = truncate_reasoning(message, share, cpt, fill=fill)
-            tokens = self.counter.message(message)
+            return message, self.counter.message(message)
+
+        if cap > floor:
+            message, tokens = trimmed(int(cap * cpt), fill=False)
             if tokens >= floor or message is original:
                 return message
-            # Under the floor: the trim kept only head, tail and facts, well under its limit (a
-            # message under ~1.6x the floor then never reached it before growing back whole).
-            # Retried filling its limit, from the floor's.
-            if not fill:
-                fill, limit = True, int(floor * cpt)
+        return self._floor_trim(original, self.sizes[index], trimmed, int(floor * cpt))
+
+    def _floor_trim(
+        self, original: Message, size: int, trimmed: Callable[[int, bool], tuple[Message, int]], limit: int
+    ) -> Message:
+        """The smallest filled trim of `original` that keeps the floor, within a few tokens.
+
+        At the floor every protected message's overshoot adds up against the budget (four
+        messages 35-75 tokens over each refused requests 190 tokens over their floors). A
+        filled trim grows with its limit, so the limit is bisected: scaled up from the floor's
+        until a trim keeps the floor, then halved between the two until one is close to it.
+        """
+        floor = self.options.protected_floor_tokens
+        best, best_tokens = original, size
+        low, high = 0, 0
+        for _ in range(FLOOR_TRIM_ATTEMPTS):
+            message, tokens = trimmed(limit, True)
+            if message is original:
+                return original
+            if tokens >= floor:
+                if tokens < best_tokens:
+                    best, best_tokens = message, tokens
+                if tokens <= floor + FLOOR_TRIM_SLACK:
+                    break
+                high = limit
             else:
-                limit = int(limit * floor / max(1, tokens)) + 16
-        return original
+                low = limit
+            limit = (low + high) // 2 if high else int(limit * floor / max(1, tokens)) + 16
+            if high and high - low <= 1:
+                break
+        return best
 
     # -- output -----------------------------------------------------------
 

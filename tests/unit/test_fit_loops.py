@@ -671,6 +671,33 @@ def test_a_newest_call_with_many_fields_is_trimmed_when_it_must_be(style: str) -
     assert "field_0" in kept and "more keys omitted by context-gateway" in kept["…"]
 
 
+def test_a_newest_step_of_several_calls_is_trimmed_close_to_the_floor() -> None:
+    """Fuzzed: three calls in one message share its cap, and each input's smallest shrink still
+    kept every key and four error-looking items of 160 characters per list; trims at the floor
+    also stopped at the first that kept it, 35-75 tokens over. A request 130 tokens over the
+    floors of its messages was refused. The floor's trim is now searched for, within a few
+    tokens, and the last resort that cuts keys keeps no extra items."""
+
+    def failures(k: int, n: int) -> list[str]:
+        return [f"case {k}.{i}: ERROR timeout in src/parser.py:{10 + i}, retries=3 failed" for i in range(n)]
+
+    inputs = [
+        {"cmd": "pytest -x tests/", "opts": {"items": failures(0, 40)}},
+        {f"field_{i}": f"value {i} of order AB-{i:04d} failed" for i in range(40)},
+        {"cmd": "grep -rn ERROR logs/", "opts": {"items": failures(2, 30)}},
+    ]
+    uses = [{"type": "tool_use", "id": f"toolu_{k}", "name": "run", "input": x} for k, x in enumerate(inputs)]
+    call = {"role": "assistant", "content": [{"type": "text", "text": "Running the three checks."}, *uses]}
+    results = [{"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "ok"} for k in range(3)]
+    messages = [RULES, ASK, call, {"role": "user", "content": results}]
+    budget = floor_bound(messages) + 60
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    kept = [part["input"] for part in result.messages[-2]["content"] if part["type"] == "tool_use"]
+    assert [x.get("cmd") for x in kept] == ["pytest -x tests/", None, "grep -rn ERROR logs/"]
+    assert "field_0" in kept[1]
+
+
 @pytest.mark.parametrize("floor", [256, 1000])
 def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
     """Fuzzed: a trim keeps head, tail and facts, about 60% of its limit for plain prose, so a
