@@ -286,8 +286,9 @@ def _clip(text: str, max_chars: int, chars_per_token: float) -> str:
     return clipped if len(clipped) < len(text) else text
 
 
-# JSON: keep the structure (every key) and shorten long arrays and strings, so
-# the result still reads as the same document rather than as broken fragments.
+# JSON: keep the structure (every key, but for call arguments that must stay JSON and
+# cannot fit otherwise) and shorten long arrays and strings, so the result still reads
+# as the same document rather than as broken fragments.
 
 _JSON_STEPS = ((16, 512), (8, 256), (4, 128), (2, 64), (1, 32))
 JSON_FILL_ATTEMPTS = 6
