@@ -19,7 +19,7 @@ import re
 from bisect import bisect_right
 from collections import Counter
 from itertools import accumulate, islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -290,9 +290,23 @@ def _clip(text: str, max_chars: int, chars_per_token: float) -> str:
 # cannot fit otherwise) and shorten long arrays and strings, so the result still reads
 # as the same document rather than as broken fragments.
 
-_JSON_STEPS = ((16, 512), (8, 256), (4, 128), (2, 64), (1, 32))
+
+class _Cut(NamedTuple):
+    """How far a JSON document is cut: arrays to `items` (with the items that stand out, when
+    `salient`), strings to `chars`, and objects, given `keys`, to their first keys and a count."""
+
+    items: int
+    chars: int
+    salient: bool = True
+    keys: int | None = None
+
+
+_JSON_STEPS = tuple(_Cut(items, chars) for items, chars in ((16, 512), (8, 256), (4, 128), (2, 64), (1, 32)))
+# Where JSON must stay JSON and the last step is still too long (arguments of sixty fields, or
+# lists whose items all look like errors, kept at 160 characters each): the same without the
+# items that stand out, then with fewer and fewer keys.
+_JSON_LAST_RESORT = (_Cut(1, 32, salient=False), *(_Cut(1, 32, False, keys) for keys in (16, 8, 4, 2, 1)))
 JSON_FILL_ATTEMPTS = 6
-_JSON_KEY_STEPS = (16, 8, 4, 2, 1)
 OMITTED_KEYS = "…"  # the key that counts an object's keys left out
 
 
@@ -315,41 +329,38 @@ def _salient(values: list[Any]) -> list[int]:
     return found
 
 
-def _shrink(value: Any, items: int, chars: int, memo: dict[int, list[int]], keys: int | None = None) -> Any:
-    """`value` with arrays cut to `items` (plus salient ones), strings to `chars`, and, given
-    `keys`, objects to their first `keys` keys and a last one that counts the rest.
+def _shrink(value: Any, cut: _Cut, memo: dict[int, list[int]]) -> Any:
+    """`value` cut as `cut` says.
 
     `memo` keeps each array's salient items across the attempts at smaller sizes.
     """
     if isinstance(value, dict):
-        if keys is None or len(value) <= keys + 1:
-            return {key: _shrink(item, items, chars, memo, keys) for key, item in value.items()}
-        kept = {key: _shrink(item, items, chars, memo, keys) for key, item in islice(value.items(), keys)}
-        kept[OMITTED_KEYS] = f"{len(value) - keys:,} more keys omitted by context-gateway"
+        if cut.keys is None or len(value) <= cut.keys + 1:
+            return {key: _shrink(item, cut, memo) for key, item in value.items()}
+        kept = {key: _shrink(item, cut, memo) for key, item in islice(value.items(), cut.keys)}
+        kept[OMITTED_KEYS] = f"{len(value) - cut.keys:,} more keys omitted by context-gateway"
         return kept
     if isinstance(value, list):
-        if len(value) <= items + 1:
-            return [_shrink(item, items, chars, memo, keys) for item in value]
-        keep = set(range(items)) | {len(value) - 1}
-        # A few items that stand out survive from the middle, their strings less cut.
-        if id(value) not in memo:
-            memo[id(value)] = _salient(value[1:-1])
-        # (Not in the last resort that cuts keys too: there, four items of 160 characters each
-        # in every list kept a call of three such inputs 120 tokens over a protected floor.)
-        salient = {1 + i for i in memo[id(value)] if 1 + i >= items} if keys is None else set()
+        if len(value) <= cut.items + 1:
+            return [_shrink(item, cut, memo) for item in value]
+        keep = set(range(cut.items)) | {len(value) - 1}
+        salient: set[int] = set()
+        if cut.salient:  # a few items that stand out survive from the middle, their strings less cut
+            if id(value) not in memo:
+                memo[id(value)] = _salient(value[1:-1])
+            salient = {1 + i for i in memo[id(value)] if 1 + i >= cut.items}
         keep |= salient
         out: list[Any] = []
         previous = -1
+        standing_out = cut._replace(chars=max(cut.chars, SALIENT_CHARS))
         for i in sorted(keep):  # the kept items only: each attempt costs what it keeps
             if i - previous > 1:
                 out.append(f"… {i - previous - 1:,} more items omitted by context-gateway …")
-            out.append(
-                _shrink(value[i], items, max(chars, SALIENT_CHARS) if i in salient else chars, memo, keys)
-            )
+            out.append(_shrink(value[i], standing_out if i in salient else cut, memo))
             previous = i
         return out
-    if isinstance(value, str) and len(value) > chars:
-        return f"{value[: chars // 2]}… ({len(value):,} chars) …{value[-chars // 4 :]}"
+    if isinstance(value, str) and len(value) > cut.chars:
+        return f"{value[: cut.chars // 2]}… ({len(value):,} chars) …{value[-cut.chars // 4 :]}"
     return value
 
 
@@ -357,8 +368,9 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill:
     """Structure-preserving shrink of a JSON document; None if `text` is not JSON, or if it cannot
     fit and not `or_smallest` (then its smallest shrink, where JSON must stay JSON).
 
-    Under the first step, a step's items and strings are what fits; with `fill` (a protected
-    message kept at a size) as many items as fit between that step and the one above it."""
+    Cuts go in steps, fullest first. At the first step, as many items and as long strings as fit
+    are kept; at a later one too with `fill` (a protected message kept at a size), otherwise the
+    step as it is (old messages cut to the step, not filled: fuller trims push the rest harder)."""
     stripped = text.lstrip()
     if not stripped.startswith(("{", "[")):
         return None
@@ -369,39 +381,29 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill:
     option = orjson.OPT_INDENT_2 if "\n" in stripped else 0
     memo: dict[int, list[int]] = {}
 
-    def shrunk(items: int, chars: int, keys: int | None = None) -> str:
-        return orjson.dumps(_shrink(value, items, chars, memo, keys), option=option).decode()
+    def shrunk(cut: _Cut) -> str:
+        return orjson.dumps(_shrink(value, cut, memo), option=option).decode()
 
-    items, chars = _JSON_STEPS[0]
-    high = max_chars // 2  # an item takes two characters at least
-    fitting = shrunk(items, chars)
-    for smaller, shorter in _JSON_STEPS[1:]:
+    steps = _JSON_STEPS + (_JSON_LAST_RESORT if or_smallest else ())
+    for cut in steps:
+        fitting = shrunk(cut)
         if len(fitting) <= max_chars:
             break
-        high, items, chars = items - 1, smaller, shorter
-        fitting = shrunk(items, chars)
-    if len(fitting) > max_chars and or_smallest:
-        # Where JSON must stay JSON, every key kept can still be too much (arguments of sixty
-        # fields): then objects keep their first keys too, and a count of the rest.
-        for keys in _JSON_KEY_STEPS:
-            fitting = shrunk(items, chars, keys)
-            if len(fitting) <= max_chars:
-                return fitting
-    if len(fitting) > max_chars:
+    else:
         return fitting if or_smallest and len(fitting) < len(text) else None
-    if (items, chars) != _JSON_STEPS[0] and not fill:
+    if cut != steps[0] and not fill:
         return fitting
     # Room for more than the step's items: about as many as fit (a list of records cut to
     # 16 kept ~1k tokens whatever the cap: half of a 2k-token cap, an eighth of an 8k one). Sizes
     # grow about linearly with the items kept, so each guess scales the last fitting one.
-    low = items
+    low, high = cut.items, max_chars // 2  # an item takes two characters at least
     for _ in range(JSON_FILL_ATTEMPTS):
         if low >= high:
             break
         guess = min(high, int(low * max_chars / max(1, len(fitting))))
         if guess <= low:
             guess = (low + high + 1) // 2
-        candidate = shrunk(guess, chars)
+        candidate = shrunk(cut._replace(items=guess))
         if len(candidate) == len(fitting):
             break  # no list was cut any more: nothing left to add
         if len(candidate) <= max_chars:
@@ -410,9 +412,9 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill:
             high = guess - 1
     # Then longer strings while they fit: a file written by a tool call is one long string, cut to
     # the first step's length whatever the cap (~145 tokens, under the floor of a protected trim).
-    longer = chars * 2
+    chars, longer = cut.chars, cut.chars * 2
     while chars < max_chars:
-        candidate = shrunk(low, longer)
+        candidate = shrunk(cut._replace(items=low, chars=longer))
         if len(candidate) > max_chars or len(candidate) == len(fitting):
             break
         chars, fitting, longer = longer, candidate, longer * 2
@@ -421,7 +423,7 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill:
         middle = (chars + longer) // 2
         if middle <= chars:
             break
-        candidate = shrunk(low, middle)
+        candidate = shrunk(cut._replace(items=low, chars=middle))
         if len(candidate) <= max_chars:
             chars, fitting = middle, candidate
         else:

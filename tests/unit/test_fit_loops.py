@@ -691,6 +691,27 @@ def test_a_newest_step_of_several_calls_is_trimmed_close_to_the_floor() -> None:
     assert "field_0" in kept[1]
 
 
+def test_calls_whose_lists_all_look_like_errors_are_trimmed_when_they_must_be() -> None:
+    """Fuzzed: in a call's arguments, list items that report a problem survive a cut at 160
+    characters, four per list. With every item reporting one, three such calls stayed far over
+    the floor at the smallest cut; the last resort (no such items) came out far under it, with
+    nothing in between, and the call was kept whole: refused 350 tokens over the floors."""
+    calls = []
+    for k in range(3):
+        items = [f"check {k}.{i}: the build failed with ERROR timeout after {i} retries" for i in range(20)]
+        arguments = orjson.dumps({"cmd": f"pytest -k case_{k}", "opts": {"items": items}}).decode()
+        calls.append(
+            {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+        )
+    answers = [{"role": "tool", "tool_call_id": f"c{k}", "content": "ok"} for k in range(3)]
+    messages = [RULES, ASK, {"role": "assistant", "content": None, "tool_calls": calls}, *answers]
+    budget = floor_bound(messages) + 80
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    kept = [orjson.loads(c["function"]["arguments"]) for c in result.messages[2]["tool_calls"]]
+    assert [x["cmd"] for x in kept] == ["pytest -k case_0", "pytest -k case_1", "pytest -k case_2"]
+
+
 @pytest.mark.parametrize("floor", [256, 1000])
 def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
     """Fuzzed: a trim keeps head, tail and facts, about 60% of its limit for plain prose, so a
