@@ -305,7 +305,7 @@ _JSON_STEPS = tuple(_Cut(items, chars) for items, chars in ((16, 512), (8, 256),
 # Where JSON must stay JSON and the last step is still too long (arguments of sixty fields, or
 # lists whose items all look like errors, kept at 160 characters each): the same without the
 # items that stand out, then with fewer and fewer keys.
-_JSON_LAST_RESORT = (_Cut(1, 32, salient=False), *(_Cut(1, 32, False, keys) for keys in (16, 8, 4, 2, 1)))
+_JSON_LAST_RESORT = (_Cut(1, 32, salient=False), *(_Cut(1, 32, False, keys) for keys in (16, 8, 4, 2, 1, 0)))
 JSON_FILL_ATTEMPTS = 6
 OMITTED_KEYS = "…"  # the key that counts an object's keys left out
 

@@ -1151,8 +1151,10 @@ class _Fitter:
         for _ in range(FLOOR_TRIM_ATTEMPTS):
             message, tokens = trimmed(limit, True)
             if message is original:
-                return original
-            if tokens >= floor:
+                if not low:
+                    return original  # nothing to cut at the floor's limit
+                high = limit  # cut whole there: the floor's trim lies between
+            elif tokens >= floor:
                 if tokens < best_tokens:
                     best, best_tokens = message, tokens
                 if tokens <= floor + FLOOR_TRIM_SLACK:
@@ -1160,7 +1162,10 @@ class _Fitter:
                 high = limit
             else:
                 low = limit
-            limit = (low + high) // 2 if high else int(limit * floor / max(1, tokens)) + 16
+            # Up by what the count says is missing, and at least a quarter: trims whose size moves
+            # in steps (a JSON item, a line) can stay just under the floor for many small rises.
+            rise = max(int(limit * floor / max(1, tokens)) + 16, limit * 5 // 4)
+            limit = (low + high) // 2 if high else rise
             if high and high - low <= 1:
                 break
         return best

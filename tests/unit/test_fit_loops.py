@@ -712,6 +712,47 @@ def test_calls_whose_lists_all_look_like_errors_are_trimmed_when_they_must_be() 
     assert [x["cmd"] for x in kept] == ["pytest -k case_0", "pytest -k case_1", "pytest -k case_2"]
 
 
+@pytest.mark.parametrize("chars", [290, 310, 360, 420])
+def test_a_result_a_little_over_the_floor_is_trimmed_where_a_wider_trim_keeps_it_whole(chars: int) -> None:
+    """Fuzzed: Chinese text a little over the floor (a character a token) fell far under it at
+    the floor's limit and was kept whole at the next, scaled up: the search stopped at the whole
+    message instead of looking between the two, and the request was refused up to 160 tokens
+    over the floors of its messages."""
+    words = (
+        "服务配置错误超时用户订单部署构建失败因为数值返回计算重试解析器文件路径测试通过检查项目系统提示任务"
+    )
+    text = "".join(words[(n * 7) % len(words)] + ("\n" if n % 40 == 39 else "") for n in range(chars))
+    messages = [RULES, ASK, *call_step("bash", '{"cmd": "cat log"}', text)]
+    assert COUNTER.message(messages[-1]) > FLOOR
+    budget = floor_bound(messages) + 60
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and result.messages[-1]["content"].startswith(text[:20])
+
+
+def test_a_newest_step_of_a_dozen_calls_is_trimmed_when_it_must_be() -> None:
+    """Fuzzed: a dozen calls in one message (files, option lists, records) kept a key or two each at
+    the smallest cut, about 45 tokens a call, and stayed 300 tokens over the floor. The last
+    resort keeps no key of an object of several now, only their count."""
+    shapes = [
+        lambda k: {"path": f"src/mod{k}.py", "content": LOG_LINE},
+        lambda k: {
+            "cmd": f"pytest -k case_{k}",
+            "opts": {"items": [f"case {k}.{i} passed" for i in range(30)]},
+        },
+        lambda k: {f"field_{n}": f"value {n} of order AB-{n:04d}" for n in range(12)},
+    ]
+    calls = [
+        call_step("f", orjson.dumps(shapes[k % 3](k)).decode(), "ok", call_id=f"c{k}")[0] for k in range(12)
+    ]
+    answers = [{"role": "tool", "tool_call_id": f"c{k}", "content": "ok"} for k in range(12)]
+    call = {"role": "assistant", "content": None, "tool_calls": [c["tool_calls"][0] for c in calls]}
+    messages = [RULES, ASK, call, *answers]
+    budget = floor_bound(messages) + 80
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    assert len(result.messages[2]["tool_calls"]) == 12  # every call still answered
+
+
 @pytest.mark.parametrize("floor", [256, 1000])
 def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
     """Fuzzed: a trim keeps head, tail and facts, about 60% of its limit for plain prose, so a
