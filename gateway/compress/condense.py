@@ -27,6 +27,7 @@ HEAD_SHARE = 0.35
 TAIL_SHARE = 0.25
 MARKER_CHARS = 48  # room reserved for the omission marker a kept middle piece may add
 CLIP_MARKER_CHARS = 28  # a clip's one marker, spaces around it included
+MIN_PART_CHARS = 16  # the least of a piece a filled cut takes in part
 MIN_SCORE = 2
 
 # Scanning every line of a megabyte of tool output with regular expressions
@@ -243,6 +244,14 @@ def condense(text: str, max_chars: int, chars_per_token: float, *, prose: bool, 
         head, left = _extend(pieces, head, tail, kept, left, head_share)
         tail, left = _extend_back(pieces, head, tail, kept, left)
         head, left = _extend(pieces, head, tail, kept, left, left)
+        if head < tail and head not in kept and left >= MIN_PART_CHARS:
+            # The room left takes the start of the next piece too: a piece of a long line with
+            # no break is a sixth of the limit, and whole or nothing it moved a protected
+            # message's trim from under its floor to 160 tokens over it.
+            piece = pieces[head]
+            pieces[head : head + 1] = [piece[:left], piece[left:]]
+            kept = {i + 1 if i > head else i for i in kept}
+            head, tail = head + 1, tail + 1
     middle = range(head, tail)
 
     out: list[str] = pieces[:head]

@@ -20,6 +20,7 @@ from tests.fakes.validation import validate_chat_messages
 from tests.unit.test_fit_cases import prefix_shares
 
 MODEL = "gpt-4o"
+DATA = Path(__file__).parent / "data"
 COUNTER = counter_for(MODEL)
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TASK = {"role": "user", "content": "Task T-4471: make the parser tests pass."}
@@ -508,7 +509,7 @@ def test_an_aged_step_keeps_its_call_with_its_own_text_cut_short(style: str) -> 
 def test_a_protected_trim_fits_where_a_larger_cap_does() -> None:
     """Fuzzed: a trim at the floor is rescaled up to reach it and came out larger (389 tokens) than
     at the cap above it (284), so trying the floor first refused every budget from 297 to 399."""
-    text = (Path(__file__).parent / "data" / "protected_trim_inversion.txt").read_text(encoding="utf-8")
+    text = (DATA / "protected_trim_inversion.txt").read_text(encoding="utf-8")
     messages = [
         {"role": "system", "content": text},
         {"role": "user", "content": "Fix the failing parser test."},
@@ -753,6 +754,20 @@ def test_a_newest_step_of_a_dozen_calls_is_trimmed_when_it_must_be() -> None:
     result = fit(messages, model=MODEL, budget_tokens=budget)
     assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
     assert len(result.messages[2]["tool_calls"]) == 12  # every call still answered
+
+
+def test_a_task_with_a_long_unbroken_line_is_trimmed_to_its_floor() -> None:
+    """Fuzzed: a task of words, a base64 line and Chinese text (test data). A line with no break
+    is cut into pieces of a sixth of the limit, and a filled trim took a piece whole or not at
+    all: one more character of limit moved it from 240 tokens to 401, and the request was
+    refused 131 tokens over the floors. The room left now takes the start of the next piece."""
+    task = {"role": "user", "content": (DATA / "mixed_line_task.txt").read_text(encoding="utf-8")}
+    messages = [RULES, task, *call_step("grep", '{"q": "x"}', "ok")]
+    budget = floor_bound(messages) + 40
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and "protected" in result.stages
+    assert result.messages[1]["content"][:40] == task["content"][:40]
+    assert FLOOR <= COUNTER.message(result.messages[1]) < FLOOR + 40
 
 
 @pytest.mark.parametrize("floor", [256, 1000])
