@@ -1162,12 +1162,14 @@ class _Fitter:
                 high = limit
             else:
                 low = limit
-            # Up by what the count says is missing, and at least a quarter: trims whose size moves
-            # in steps (a JSON item, a line) can stay just under the floor for many small rises.
-            rise = max(int(limit * floor / max(1, tokens)) + 16, limit * 5 // 4)
-            limit = (low + high) // 2 if high else rise
-            if high and high - low <= 1:
-                break
+            if high:
+                if high - low <= 1:
+                    break
+                limit = (low + high) // 2
+            else:
+                # Up by what the count says is missing, and at least a quarter: trims whose size
+                # moves in steps (a JSON item, a line) can stay under the floor for many small rises.
+                limit = max(int(limit * floor / max(1, tokens)) + 16, limit * 5 // 4)
         return best
 
     # -- output -----------------------------------------------------------

@@ -17,7 +17,9 @@ from gateway.compress.condense import collapse_repeats, condense, condense_json
 Message = Mapping[str, Any]
 TextFn = Callable[[str, str], str]  # (text, tool name) -> new text
 
-REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details", "thinking_blocks")
+# Reasoning kept as plain text, which a protected message's trim may cut (signed thinking never).
+TEXT_REASONING_FIELDS = ("reasoning_content", "reasoning")
+REASONING_FIELDS = (*TEXT_REASONING_FIELDS, "reasoning_details", "thinking_blocks")
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
 REASONING_OMITTED = "[reasoning omitted by context-gateway]"
 # Content parts that cost tokens without being text (chat, Anthropic and Responses), by what they are.
@@ -93,7 +95,7 @@ def part_lengths(message: Message) -> list[int]:
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
             lengths.append(len(function["arguments"]))
-    for key in ("reasoning_content", "reasoning"):
+    for key in TEXT_REASONING_FIELDS:
         if isinstance(value := message.get(key), str):
             lengths.append(len(value))
     return lengths
@@ -127,7 +129,7 @@ def truncate_reasoning(
     """Middle-truncate reasoning kept as plain text (`reasoning_content`, `reasoning`), for a
     protected message that must shrink; signed thinking blocks are never changed."""
     new = dict(message)
-    for key in ("reasoning_content", "reasoning"):
+    for key in TEXT_REASONING_FIELDS:
         value = message.get(key)
         if isinstance(value, str) and len(value) > max_chars:
             new[key] = condense(value, max_chars, chars_per_token, prose=True, fill=fill)
