@@ -316,7 +316,7 @@ _JSON_STEPS = tuple(_Cut(items, chars) for items, chars in ((16, 512), (8, 256),
 # items that stand out, then with fewer and fewer keys.
 _JSON_LAST_RESORT = (_Cut(1, 32, salient=False), *(_Cut(1, 32, False, keys) for keys in (16, 8, 4, 2, 1, 0)))
 JSON_FILL_ATTEMPTS = 6
-OMITTED_KEYS = "…"  # the key that counts an object's keys left out
+OMITTED_KEYS = "…"  # the key that counts an object's keys left out (longer if one is kept)
 
 
 MAX_SALIENT_ITEMS = 4
@@ -347,7 +347,10 @@ def _shrink(value: Any, cut: _Cut, memo: dict[int, list[int]]) -> Any:
         if cut.keys is None or len(value) <= cut.keys + 1:
             return {key: _shrink(item, cut, memo) for key, item in value.items()}
         kept = {key: _shrink(item, cut, memo) for key, item in islice(value.items(), cut.keys)}
-        kept[OMITTED_KEYS] = f"{len(value) - cut.keys:,} more keys omitted by context-gateway"
+        count_key = OMITTED_KEYS
+        while count_key in kept:  # a kept key of that very name keeps its value
+            count_key += OMITTED_KEYS
+        kept[count_key] = f"{len(value) - cut.keys:,} more keys omitted by context-gateway"
         return kept
     if isinstance(value, list):
         if len(value) <= cut.items + 1:

@@ -297,3 +297,14 @@ def test_call_arguments_stay_json_when_even_their_smallest_shrink_is_over_the_ca
     cut = json.loads(shrunk["tool_calls"][0]["function"]["arguments"])  # still JSON
     assert len(shrunk["tool_calls"][0]["function"]["arguments"]) <= 400
     assert "field_0" in cut and cut["…"].startswith(f"{120 - len(cut) + 1} more keys omitted")
+
+
+def test_a_kept_key_named_like_the_count_keeps_its_value() -> None:
+    """The count of left-out keys went under `…`: an object whose own `…` was among the keys kept
+    lost that value to the count. The count takes a key no kept key has now."""
+    fields = {"…": "the caller's own value", **{f"field_{n}": f"value {n} " * 8 for n in range(120)}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "save", "arguments": json.dumps(fields)}}
+    shrunk = truncate_message({"role": "assistant", "content": None, "tool_calls": [call]}, 400, 3.5)
+    cut = json.loads(shrunk["tool_calls"][0]["function"]["arguments"])
+    assert cut["…"] == "the caller's own value"
+    assert cut["……"].startswith(f"{121 - len(cut) + 1} more keys omitted")
