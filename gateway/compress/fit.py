@@ -462,6 +462,7 @@ class _Fitter:
         ]
         self.old = [unit for unit in self.units if not unit.protected]
         self.old_counts = [0, *accumulate(u.end - u.start for u in self.old)]  # messages before each
+        self.old_tokens = [0, *accumulate(map(self._unit_size, self.old))]  # their tokens, as sent
         self.recent_steps = sum(u.step for u in self.units[recent:])
         self.recent_size = sum(self._unit_size(u) for u in self.units[recent:] if u.step)
         # Old units before this one are older turns; from it on, older steps of the latest turn.
@@ -979,7 +980,7 @@ class _Fitter:
         what the account turns out to be (nor on which summaries exist).
         """
         share = int(self.budget * self.options.digest_ratio)
-        return min(share, sum(self._unit_size(unit) for unit in self.old[a:b]) // 2)
+        return min(share, (self.old_tokens[b] - self.old_tokens[a]) // 2)
 
     def _account(self, dropped: Sequence[Message], key: str, room: int) -> tuple[str, str]:
         """(kind, text) standing for a dropped run: its summary if given and within room, else its digest."""
