@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.wire.base import CHAT_MESSAGE_FIELDS
 from gateway.wire.chat import (
     check_content,
     check_count,
@@ -69,3 +70,8 @@ def _message(message: Any, where: str) -> None:
     if not isinstance(content, str | list):
         raise invalid_type(f"{where}.content", content, "a string or an array of content blocks")
     check_content(content, f"{where}.content", depth=0)
+    for name in CHAT_MESSAGE_FIELDS:
+        if name in message:  # (the Messages API's own wording for a field it does not have)
+            raise GatewayError(
+                400, f"{where}.{name}: Extra inputs are not permitted", param=f"{where}.{name}"
+            )

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+from gateway.compress.transforms import TEXT_REASONING_FIELDS
 
 Message = Mapping[str, Any]
+# Fields of a chat completions message that the compression reads on any chat view. Messages of
+# the Anthropic and Responses APIs have none of them, and their messages reach the view as they
+# are: their validators refuse these, which the compression would take for calls and reasoning.
+CHAT_MESSAGE_FIELDS: Final = ("tool_calls", "tool_call_id", "function_call", *TEXT_REASONING_FIELDS)
 
 
 @dataclass(frozen=True)

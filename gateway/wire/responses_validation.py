@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.wire.base import CHAT_MESSAGE_FIELDS
 from gateway.wire.chat import (
     check_content,
     check_count,
@@ -91,6 +92,14 @@ def _item(item: Any, where: str) -> None:
         if not isinstance(content, str | list):
             raise invalid_type(f"{where}.content", content, "a string or an array of content parts")
         check_content(content, f"{where}.content", depth=0)
+        for name in CHAT_MESSAGE_FIELDS:
+            if name in item:
+                raise GatewayError(
+                    400,
+                    f"Unknown parameter: '{where}.{name}'.",
+                    param=f"{where}.{name}",
+                    code="unknown_parameter",
+                )
         return
     for name in _ITEM_STRINGS.get(kind, ()):
         if not isinstance(item.get(name), str):

@@ -216,6 +216,12 @@ def test_gateway_errors_are_anthropic_shaped(claude: anthropic.Anthropic, gatewa
     with pytest.raises(anthropic.BadRequestError) as not_an_object:  # the API takes objects only
         claude.messages.create(model=MODEL, max_tokens=10, messages=steps)  # type: ignore[arg-type]
     assert "messages[1].content[0].input" in str(not_an_object.value)
+    # A chat completions field on a message: the compression (this one needs it) took it for calls
+    # and failed with a 500. The Messages API has no such field.
+    foreign = {"role": "user", "content": "hi", "tool_calls": 1}
+    with pytest.raises(anthropic.BadRequestError) as chat_field:
+        claude.messages.create(model=MODEL, max_tokens=2_990, messages=[foreign])  # type: ignore[list-item]
+    assert "messages[0].tool_calls" in str(chat_field.value)
     huge = "word " * 20_000
     with pytest.raises(anthropic.BadRequestError) as refused:  # the answer alone nearly fills the window
         claude.messages.create(model=MODEL, max_tokens=2_700, system=huge, messages=[user(huge)])

@@ -177,6 +177,12 @@ def test_gateway_errors_name_the_field(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.responses.create(model=MODEL, input=[{"type": "function_call", "call_id": 3}])  # type: ignore[list-item]
     assert bad.value.param == "input[0].call_id"
+    # A chat completions field on a message item: the compression (this one needs it) took it for
+    # calls and failed with a 500. OpenAI answers such a field as an unknown parameter.
+    foreign = {"role": "user", "content": "hi", "tool_calls": 1}
+    with pytest.raises(openai.BadRequestError) as chat_field:
+        sdk.responses.create(model=MODEL, max_output_tokens=2_950, input=[foreign])  # type: ignore[list-item]
+    assert chat_field.value.param == "input[0].tool_calls" and chat_field.value.code == "unknown_parameter"
     with pytest.raises(openai.BadRequestError) as truncation:
         sdk.responses.create(model=MODEL, input="x", truncation="sometimes")  # type: ignore[arg-type]
     assert truncation.value.param == "truncation"
