@@ -217,13 +217,13 @@ async def _forward(
         retry_plan = await dialect.retry(runtime, planning, plan, first_overflow, believed)
     if first_overflow is not None and retry_plan is not None:
         retried = True
-        attempt.reply.close()
+        await _discard(attempt)
         await _stop_if_client_left(request, retry_plan)
         attempt = await _send(runtime, chat, retry_plan, upstream, dialect, record)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
             runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
-            attempt.reply.close()
+            await _discard(attempt)
             raise GatewayError(
                 400,
                 "The upstream rejected the prompt as longer than the model's context window twice: "
@@ -334,14 +334,18 @@ async def _send(
         attempt.overflow = classify_overflow(reply.status, body)
     elif chat.stream and reply.status == 200 and reply.response is not None:
         # Some servers (SGLang, the Responses API) answer 200 and put the overflow inside the stream.
-        head, rest = await first_chunk(reply, idle, dialect.head_complete)
-        attempt.stream_head = head
-        attempt.overflow = classify_stream_error(head)
-        if attempt.overflow is None:
-            attempt.stream_rest = rest
-        else:
-            await cancel_safely(rest)
+        # An overflow inside the stream is kept whole until a retry replaces it: when none can
+        # (compression off, nothing left to fit), the client gets the stream as the upstream sent it.
+        attempt.stream_head, attempt.stream_rest = await first_chunk(reply, idle, dialect.head_complete)
+        attempt.overflow = classify_stream_error(attempt.stream_head)
     return attempt
+
+
+async def _discard(attempt: Attempt) -> None:
+    """Give up an attempt's answer unread (its upstream connection closed)."""
+    if attempt.stream_rest is not None:
+        await cancel_safely(attempt.stream_rest)
+    attempt.reply.close()
 
 
 def gateway_headers(plan: Plan, *, retried: bool, admission: Admission | None) -> list[tuple[str, str]]:

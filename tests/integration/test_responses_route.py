@@ -221,3 +221,24 @@ def test_unfittable_layout_is_forwarded_unchanged(fake_upstream: FakeUpstream, s
     assert refused.value.code == "context_length_exceeded"  # the upstream's own answer, relayed
     sent = fake_upstream.requests_to("/v1/responses")
     assert len(sent) == 1 and sent[0].json["input"] == items
+
+
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_an_overflow_inside_a_stream_that_cannot_be_retried_reaches_the_client(
+    sdk: openai.OpenAI, fake_upstream: FakeUpstream, mode: str
+) -> None:
+    """Found by fuzzing: a stream failing inside with context_length_exceeded (Responses: a 200,
+    then `response.failed`), for a prompt the gateway cannot fit better (compression off, or a
+    prompt far under any budget), was closed after its head was read, then read again: 502."""
+    events = list(
+        sdk.responses.create(
+            model=MODEL,
+            input="hi",
+            stream=True,
+            extra_headers={"x-fake-fault": "overflow", "x-gateway-compression": mode},
+        )
+    )
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error is not None  # type: ignore[union-attr]
+    assert events[-1].response.error.code == "context_length_exceeded"  # type: ignore[union-attr]
+    assert len(fake_upstream.requests_to("/v1/responses")) == 1
