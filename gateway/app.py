@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway import metrics
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, anthropic_path
 from gateway.middleware import RequestGuard
 from gateway.request_log import RequestLines
 from gateway.request_path import PathGuard
@@ -28,11 +28,6 @@ from gateway.settings import Settings
 from gateway.tokens.encodings import warm_up
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-
-
-def anthropic_route(request: Request) -> bool:
-    """Errors on Anthropic's routes are written in Anthropic's shape, which its SDKs parse."""
-    return request.url.path.startswith("/v1/messages")
 
 
 def create_app(settings: Settings) -> Starlette:
@@ -54,14 +49,14 @@ def create_app(settings: Settings) -> Starlette:
 
     async def gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
-        return exc.response(anthropic=anthropic_route(request))
+        return exc.response(anthropic=anthropic_path(request.url.path))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = (
             f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404 else exc.detail
         )
-        return GatewayError(exc.status_code, message).response(anthropic=anthropic_route(request))
+        return GatewayError(exc.status_code, message).response(anthropic=anthropic_path(request.url.path))
 
     app = Starlette(
         routes=[

@@ -60,6 +60,11 @@ _ANTHROPIC_TYPES = {
 }
 
 
+def anthropic_path(path: str) -> bool:
+    """Errors on Anthropic's routes are written in Anthropic's shape, which its SDKs parse."""
+    return path.startswith("/v1/messages")
+
+
 def anthropic_error_type(status: int) -> str:
     return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 

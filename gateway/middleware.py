@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import metrics
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, anthropic_path
 from gateway.log_safety import printable
 from gateway.proxy_headers import GATEWAY_REQUEST_ID, request_id_for
 from gateway.request_log import RequestLines, RequestRecord
@@ -87,7 +87,7 @@ class RequestGuard:
                 request_id,
             )
             if status == 0:
-                await _answer_500(send, request_id)
+                await _answer_500(send, request_id, anthropic=anthropic_path(scope["path"]))
                 status = 500
             # Otherwise the answer had started: returning without finishing it makes uvicorn close
             # the connection, so the client sees a broken transfer, not a complete-looking one.
@@ -103,8 +103,9 @@ class RequestGuard:
                 self.lines.write(record)
 
 
-async def _answer_500(send: Send, request_id: str) -> None:
-    body = GatewayError(500, "The gateway failed to handle this request.", type="server_error").body()
+async def _answer_500(send: Send, request_id: str, *, anthropic: bool) -> None:
+    error = GatewayError(500, "The gateway failed to handle this request.", type="server_error")
+    body = error.anthropic_body() if anthropic else error.body()
     await send(
         {
             "type": "http.response.start",

@@ -162,6 +162,24 @@ def test_unexpected_failure_is_a_clean_500_with_one_log_line(
     assert secret not in caplog.text and secret not in answer.text
 
 
+def test_an_unexpected_failure_on_the_messages_route_answers_in_anthropics_shape(
+    gateway_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anthropic's SDKs read Anthropic's error shape; the last-resort 500 was OpenAI's on every route."""
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("gateway.routes.prompt.plan_request", broken)
+    body = {"model": "claude-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    answer = httpx.post(f"{gateway_url}/messages", json=body, headers={"anthropic-version": "2023-06-01"})
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "The gateway failed to handle this request."},
+    }
+
+
 # --- fuzzing the JSON surface ---------------------------------------------------------------
 
 json_leaves = (
