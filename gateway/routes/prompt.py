@@ -214,7 +214,11 @@ async def _forward(
     believed = None
     if first_overflow is not None and chat.mode != "off":
         believed = runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, plan, first_overflow))
-        retry_plan = await dialect.retry(runtime, planning, plan, first_overflow, believed)
+        try:
+            retry_plan = await dialect.retry(runtime, planning, plan, first_overflow, believed)
+        except BaseException:  # (a refusal: the stream kept open for relaying is closed now)
+            await _discard(attempt)
+            raise
     if first_overflow is not None and retry_plan is not None:
         retried = True
         await _discard(attempt)
