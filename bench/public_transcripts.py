@@ -30,6 +30,7 @@ import hashlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +89,24 @@ def body(name: str, system: str, task: str, steps: list[Step]) -> dict[str, Any]
     return {"model": MODEL, "messages": messages}
 
 
+def replies(conversation: list[dict[str, Any]], answered_by: tuple[str, ...]) -> Iterator[tuple[Any, Any]]:
+    """Each reply after the system prompt and the task, with the message answering it (the next
+    one, when its role is one of `answered_by`), or None."""
+    rest = conversation[2:]
+    for index, entry in enumerate(rest):
+        if entry["role"] == "assistant":
+            answer = rest[index + 1] if index + 1 < len(rest) else None
+            yield entry, answer if answer is not None and answer["role"] in answered_by else None
+
+
 def mini_swe_agent_steps(messages: list[dict[str, Any]]) -> list[Step] | None:
     """A run's steps, or None when a reply holds no bash block or several."""
     steps: list[Step] = []
-    rest = messages[2:]
-    for index, message in enumerate(rest):
-        if message["role"] != "assistant":
-            continue
+    for message, answer in replies(messages, ("user",)):
         blocks = list(BASH_BLOCK.finditer(message["content"]))
         if len(blocks) != 1:
             return None
-        answer = rest[index + 1] if index + 1 < len(rest) else None
-        if answer is None or answer["role"] != "user":
+        if answer is None:
             break
         block, text = blocks[0], message["content"]
         thought = (text[: block.start()] + text[block.end() :]).strip()
@@ -131,12 +138,8 @@ def swe_agent(repository: Repository) -> list[tuple[str, str, dict[str, Any], in
         path = SWE_AGENT_DEMOS + file
         history = repository.json(path)["history"]
         steps: list[Step] = []
-        rest = history[2:]
-        for index, entry in enumerate(rest):
-            if entry["role"] != "assistant":
-                continue
-            answer = rest[index + 1] if index + 1 < len(rest) else None
-            if answer is None or answer["role"] not in ("user", "tool"):
+        for entry, answer in replies(history, ("user", "tool")):
+            if answer is None:
                 break
             steps.append((entry["thought"].strip(), entry["action"].strip(), answer["content"]))
         out.append((name, path, body(name, history[0]["content"], history[1]["content"], steps), len(steps)))
