@@ -1271,7 +1271,7 @@ def _truncate(cap: int, message: Message, cpt: float) -> Message:
 
 
 def _aged(cap: int, message: Message, cpt: float) -> Message:
-    return truncate_message(omit_media(message), int(cap * cpt), cpt)
+    return _truncate(cap, omit_media(message), cpt)
 
 
 def _placeholder(names: Mapping[str, str], message: Message, cpt: float) -> Message:
