@@ -54,6 +54,8 @@ class Overflow:
     requested_output: int | None
     source: str
     input_limit: bool = False
+    # The words that matched, as read (lower case, whitespace collapsed); "" for a code field.
+    wording: str = field(default="", compare=False)
 
 
 # Bodies can be megabytes (an HTML error page, a proxy echoing the request);
@@ -77,6 +79,7 @@ _MAX_TOKENS = 1_000_000_000
 _CODE_KEYS = frozenset({"code", "type", "error_type", "status"})
 # Keys under which validation errors echo the caller's request: never searched.
 _ECHO_KEYS = frozenset({"input", "messages", "content", "prompt", "request", "body"})
+_CODE_PREFIXES = tuple(f"{key}=" for key in sorted(_CODE_KEYS))
 
 # Statuses per rule. Wordings that can only mean a context overflow (most state
 # numbers) are trusted on every status servers send them with: 400 (most), 413
@@ -593,23 +596,65 @@ def _match(scan: _Scan, status: int | None) -> Overflow | None:
             requested_output=output,
             source=rule.source,
             input_limit=rule.input_limit,
+            wording="" if _code_line(haystack, found.start()) else found.group(0),
         )
     return None
 
 
-def classify_overflow(status: int, body: bytes) -> Overflow | None:
+def _code_line(haystack: str, position: int) -> bool:
+    """Is the haystack's line at `position` a "key=value" line of a code field?"""
+    start = haystack.rfind("\n", 0, position) + 1
+    return haystack.startswith(_CODE_PREFIXES, start)
+
+
+def _normalized(text: str) -> str:
+    # As the haystack reads, less backslashes: an upstream may quote a value as a repr (model\'s).
+    return " ".join(text.replace("\\", "").split()).lower()
+
+
+def _quoted(overflow: Overflow, sent: bytes) -> bool:
+    """Does the request itself hold the wording? Then the upstream may only be quoting it.
+
+    Validation errors quote client values (Anthropic names an unknown content block's `type`,
+    OpenAI a `tool_call_id` it cannot pair), so a client could spell an overflow, with a window
+    of its choosing, into an error about something else: believed, that window would be learned
+    for every client of the model. A code field ("code=…", read with no wording) is the
+    upstream's own.
+    """
+    wording = _normalized(overflow.wording)
+    if not sent or not wording:
+        return False
+    try:
+        stack: list[object] = [orjson.loads(sent)]
+    except orjson.JSONDecodeError:
+        return wording in _normalized(sent.decode("utf-8", errors="replace"))
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str) and wording in _normalized(value):
+            return True
+    return False
+
+
+def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow | None:
     """Is this upstream answer a refusal for context length? With the numbers it states.
 
     A 2xx counts only when its body is an error object (SGLang answers 200 with
     an error body); 429 never does. Only the first 64 KiB of the body is read.
+    A wording that the request `sent` holds itself is not believed (`_quoted`).
     """
     is_success = 200 <= status < 300
     if not is_success and status not in _ALL_STATUSES:
         return None
     scan = _scan(body)
-    if is_success:
-        return _match(scan, None) if scan.error_object else None
-    return _match(scan, status)
+    if is_success and not scan.error_object:
+        return None
+    overflow = _match(scan, None if is_success else status)
+    return None if overflow is None or _quoted(overflow, sent) else overflow
 
 
 def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
@@ -650,7 +695,7 @@ def _only_null_errors(payload: bytes) -> bool:
     )
 
 
-def classify_stream_error(chunk: bytes) -> Overflow | None:
+def classify_stream_error(chunk: bytes, sent: bytes = b"") -> Overflow | None:
     """Find an overflow in the first SSE events of a stream that began with HTTP 200.
 
     SGLang (and vLLM, LiteLLM in some paths) send `data: {"error": {...}}` or
@@ -671,7 +716,7 @@ def classify_stream_error(chunk: bytes) -> Overflow | None:
             continue
         overflow = _match(scan, None)
         if overflow is not None:
-            return overflow
+            return None if _quoted(overflow, sent) else overflow
     return None
 
 

@@ -335,13 +335,13 @@ async def _send(
     if reply.status >= 400:
         body = await reply.read(idle)
         reply.buffered_body = body
-        attempt.overflow = classify_overflow(reply.status, body)
+        attempt.overflow = classify_overflow(reply.status, body, plan.body)
     elif chat.stream and reply.status == 200 and reply.response is not None:
         # Some servers (SGLang, the Responses API) answer 200 and put the overflow inside the stream.
         # An overflow inside the stream is kept whole until a retry replaces it: when none can
         # (compression off, nothing left to fit), the client gets the stream as the upstream sent it.
         attempt.stream_head, attempt.stream_rest = await first_chunk(reply, idle, dialect.head_complete)
-        attempt.overflow = classify_stream_error(attempt.stream_head)
+        attempt.overflow = classify_stream_error(attempt.stream_head, plan.body)
     return attempt
 
 

@@ -230,3 +230,33 @@ def test_discovery_carries_the_gateways_key_never_the_clients(
         assert request.headers.get("authorization") == "Bearer sk-gateway-own-key-0001"
         assert "client" not in str(request.headers)
     assert fake_upstream.hits["/v1/models"] == 1
+
+
+def test_a_client_cannot_spell_a_window_into_another_error(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """The Messages API quotes an unknown content block's type in its 400: spelled as an overflow
+    with a small window, it must not become the window every other client of the model gets."""
+    root = start_gateway().removesuffix("/v1")
+    headers = {"x-api-key": "sk-ant-caller", "anthropic-version": "2023-06-01"}
+    model = "claude-3-5-haiku-20241022"  # no window configured: a learned one would take over
+    text = "The quick brown fox jumps over the lazy dog. " * 300
+    victim = {
+        "model": model,
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": "Summarize: " + text}],
+    }
+    spelled = "prompt is too long: 3000 tokens > 1100 maximum"
+    attack = {
+        "model": model,
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": [{"type": spelled}, {"type": "text", "text": text}]}],
+    }
+    refused = httpx.post(f"{root}/v1/messages", json=attack, headers=headers, timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["type"] == "error"
+    assert "x-gateway-retry" not in refused.headers  # the upstream's own answer, relayed
+    later = httpx.post(f"{root}/v1/messages", json=victim, headers=headers, timeout=30)
+    assert later.status_code == 200
+    assert later.headers["x-gateway-compression"] == "none"
+    assert int(later.headers["x-gateway-prompt-tokens-after"]) > 3000

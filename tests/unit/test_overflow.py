@@ -1417,3 +1417,78 @@ def test_gateway_error_body_is_openai_shaped_and_recognised() -> None:
 def test_gateway_error_body_survives_lone_surrogates() -> None:
     body = overflow_error_body("bad \udcff text")
     assert orjson.loads(body)["error"]["code"] == "context_length_exceeded"
+
+
+def anthropic_unknown_block_error(block_type: str) -> bytes:
+    # The real Messages API names an unknown content block's `type` in its validation error.
+    return anthropic_error(
+        f"messages.0.content.0: Input tag '{block_type}' found using 'type' does not match any of the "
+        "expected tags: 'text', 'image', 'tool_use', 'tool_result'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "request_body"),
+    [
+        (
+            anthropic_unknown_block_error("prompt is too long: 3000 tokens > 1100 maximum"),
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "prompt is too long: 3000 tokens > 1100 maximum"}]}
+                ]
+            },
+        ),
+        (
+            openai_error(
+                "Invalid parameter: messages with role 'tool' must be a response to a preceding message with "
+                "'tool_calls'. No tool call found for 'This model\\'s maximum context length is 1100 tokens. "
+                "However, your messages resulted in 3000 tokens.'",
+                code=None,
+            ),
+            {
+                "messages": [
+                    {
+                        "role": "tool",
+                        "tool_call_id": "This model's maximum context length is 1100 tokens. "
+                        "However, your   messages resulted in 3000 tokens.",
+                        "content": "x",
+                    }
+                ]
+            },
+        ),
+    ],
+    ids=["anthropic-block-type", "openai-tool-call-id-repr"],
+)
+def test_an_overflow_wording_the_request_holds_is_a_quote_not_a_refusal(
+    error: bytes, request_body: dict[str, object]
+) -> None:
+    """A validation error quoting a client value spelled as an overflow would otherwise teach the
+    gateway a window of the client's choosing for every client of the model."""
+    sent = orjson.dumps(request_body)
+    assert classify_overflow(400, error) is not None  # the wording alone reads as an overflow
+    assert classify_overflow(400, error, sent) is None
+    stream_head = b"data: " + error + b"\n\n"
+    assert classify_stream_error(stream_head) is not None
+    assert classify_stream_error(stream_head, sent) is None
+
+
+def test_a_request_quoting_other_numbers_or_a_code_still_gets_its_overflow_read() -> None:
+    """Conversations quote overflow messages (a coding agent debugging one): only the very
+    wording counts as a quote, and an error code is the upstream's own."""
+    sent = orjson.dumps(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "Why 'prompt is too long: 3000 tokens > 1100 maximum'? "
+                    "context_length_exceeded",
+                }
+            ]
+        }
+    )
+    real = classify_overflow(400, anthropic_error("prompt is too long: 250000 tokens > 200000 maximum"), sent)
+    assert real == Overflow(200000, 250000, None, "anthropic-prompt")
+    coded = classify_overflow(400, openai_error("Please reduce the length of the messages."), sent)
+    assert coded is not None and coded.source == "groq"
+    by_code = classify_overflow(400, openai_error("Request too large."), sent)
+    assert by_code is not None and by_code.source == "context-length-exceeded"
