@@ -2,15 +2,14 @@
 
 The path goes upstream as the client encoded it (unsafe ones never get here: gateway.request_path).
 With teams configured: authenticated, held to the team's requests-per-minute limit, and, for a
-team with a model allow-list, the JSON body's ``model`` checked against it (embeddings,
-completions, responses …: no route may reach a model the team may not use).
+team with a model allow-list, every ``model`` the body names (JSON or form) checked against it
+(embeddings, transcriptions, image edits …: no route may reach a model the team may not use).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from yarl import URL
@@ -19,6 +18,7 @@ from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.enforcer import Team
+from gateway.policy.named_models import models_named
 from gateway.proxy_headers import client_query, to_client, to_upstream, upstream_query
 from gateway.relay import RelayStream
 from gateway.request_path import upstream_path
@@ -55,8 +55,7 @@ async def relay_unchanged(
     if team is not None and team.settings.models is not None:
         # The whole body is needed to read its model: buffered, within the body limit.
         whole = await read_body(request, limit)
-        model = body_model(whole)
-        if model is not None:
+        for model in models_named(whole, request.headers.get("content-type", "")):
             runtime.policy.check_model(team, model)
         has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
         body = whole if has_body else None
@@ -102,18 +101,6 @@ async def relay_unchanged(
         response = RelayStream(reply.iter_body(idle), status_code=reply.status)
     response.raw_headers = headers
     return response
-
-
-def body_model(body: bytes) -> str | None:
-    """The ``model`` of a JSON object body (None for anything else: multipart uploads, no body)."""
-    if body[:1024].lstrip()[:1] != b"{":
-        return None
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    model = payload.get("model") if isinstance(payload, dict) else None
-    return model if isinstance(model, str) else None
 
 
 async def _request_body(request: Request, limit: int) -> bytes | _Upload | None:

@@ -637,6 +637,68 @@ def test_every_route_keeps_to_the_team_model_list(
     assert fake_upstream.received[2].body == b"" and "content-length" not in fake_upstream.received[2].headers
 
 
+def test_no_body_shape_slips_a_model_past_the_team_list(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """Whatever shape names the model (JSON after any whitespace, a multipart or urlencoded form,
+    a form part sent as a file), the team's list holds; bodies without a model still pass."""
+    url = start_team_gateway(start_gateway, None, team_name(), models=["whisper-1", "text-embedding-3-*"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    json_type = {**auth, "content-type": "application/json"}
+    forbidden = "gpt-5-forbidden"
+    wav = ("a.wav", b"RIFF0000WAVE")
+    attempts = [
+        httpx.post(
+            url + "/embeddings",
+            content=b" " * 2000 + json.dumps({"model": forbidden}).encode(),
+            headers=json_type,
+        ),
+        httpx.post(
+            url + "/audio/transcriptions", data={"model": forbidden}, files={"file": wav}, headers=auth
+        ),
+        httpx.post(
+            url + "/audio/transcriptions",
+            files={"model": ("m", forbidden.encode()), "file": wav},
+            headers=auth,
+        ),
+        httpx.post(
+            url + "/audio/transcriptions",
+            data={"model": ["whisper-1", forbidden]},  # type: ignore[dict-item]
+            files={"file": wav},
+            headers=auth,
+        ),
+        httpx.post(
+            url + "/embeddings",
+            content=f"input=x&model={forbidden}".encode(),
+            headers={**auth, "content-type": "application/x-www-form-urlencoded"},
+        ),
+    ]
+    assert [answer.status_code for answer in attempts] == [404] * len(attempts)
+    assert all(answer.json()["error"]["code"] == "model_not_found" for answer in attempts)
+    cut = b'--zz\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + forbidden.encode()
+    malformed = [
+        httpx.post(url + "/embeddings", content=b'{"model": NaN}', headers=json_type),
+        httpx.post(
+            url + "/audio/transcriptions",
+            content=cut,
+            headers={**auth, "content-type": "multipart/form-data; boundary=zz"},
+        ),
+    ]
+    assert [answer.status_code for answer in malformed] == [400, 400]
+    assert fake_upstream.received == []
+    allowed = [
+        httpx.post(
+            url + "/audio/transcriptions", data={"model": "whisper-1"}, files={"file": wav}, headers=auth
+        ),
+        httpx.post(
+            url + "/files", data={"purpose": "batch"}, files={"file": ("b.jsonl", b"{}")}, headers=auth
+        ),
+    ]
+    # Both reach the upstream (this fake serves neither path, as OpenAI answers an unknown one).
+    assert all("Invalid URL" in answer.json()["error"]["message"] for answer in allowed)
+    assert [request.path for request in fake_upstream.received] == ["/v1/audio/transcriptions", "/v1/files"]
+
+
 def test_fail_open_replicas_each_take_their_share(
     fake_upstream: FakeUpstream,
     start_gateway: GatewayFactory,
