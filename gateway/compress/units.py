@@ -78,8 +78,10 @@ def group_units(messages: Sequence[Message]) -> list[Unit]:
 
     The latest turn runs from the unit holding the last real user message to
     the end (without a user message: the last unit), so the pending question
-    is never dropped. The units after that user message are the turn's
-    steps; `fit` decides how many of the newest stay protected.
+    is never dropped; it takes in the step before when that step's results
+    end right before the user message, in a user message of their own. The
+    units after that user message are the turn's steps; `fit` decides how
+    many of the newest stay protected.
     """
     spans: list[tuple[int, int]] = []
     i = 0
@@ -95,11 +97,17 @@ def group_units(messages: Sequence[Message]) -> list[Unit]:
             latest = index
             has_user = True
             break
+    first = latest
+    if has_user and latest > 0 and is_tool_result_carrier(messages[spans[latest][0] - 1]):
+        # The user message follows a step's tool results sent as a user message of their own: the
+        # Messages API merges the two into one turn, whose assistant turn before it must keep its
+        # thinking when thinking is on. That step is the latest turn's too.
+        first = latest - 1
     return [
         Unit(
             start=start,
             end=end,
-            protected=index >= latest or messages[start].get("role") in PROTECTED_ROLES,
+            protected=index >= first or messages[start].get("role") in PROTECTED_ROLES,
             turn_start=is_user_input(messages[start]),
             step=has_user and index > latest and messages[start].get("role") not in PROTECTED_ROLES,
         )

@@ -317,3 +317,34 @@ def test_teams_hold_the_native_routes(fake_upstream: FakeUpstream, start_gateway
     )
     assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
     assert fake_upstream.requests_to("/v1/responses") == []
+
+
+def test_tool_results_sent_apart_from_the_question_keep_the_thinking_they_answer(
+    fake_upstream: FakeUpstream, claude: anthropic.Anthropic
+) -> None:
+    """A client may send the tool results and its next question as two user messages (the API
+    merges them): the assistant turn they answer still starts with its thinking after a fit."""
+    thought = "I should look it up."
+    messages: Any = [
+        user("Look this up."),
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": thought, "signature": anthropic_api.sign(thought)},
+                {"type": "tool_use", "id": "toolu_1", "name": "run", "input": {}},
+            ],
+        },
+        user([{"type": "tool_result", "tool_use_id": "toolu_1", "content": log_line(1)}]),
+        user("Thanks, now answer."),
+    ]
+    early: Any = [
+        user("An earlier question. " + log_line(0) * 2),
+        {"role": "assistant", "content": "An answer."},
+    ]
+    answer = claude.messages.with_raw_response.create(
+        model=MODEL, max_tokens=1100, thinking=THINKING, tools=[TOOL], messages=[*early, *messages]
+    )
+    assert answer.headers["x-gateway-compression"] != "none"
+    sent = fake_upstream.requests_to("/v1/messages")[-1].json["messages"]
+    assert sent[-3]["content"][0]["type"] == "thinking"
+    assert sent[-2:] == messages[-2:]

@@ -88,3 +88,34 @@ def test_units_after_the_latest_user_message_are_steps() -> None:
     ]
     # Without any user message there is no turn, so no steps.
     assert not any(u.step for u in group_units(messages[2:4]))
+
+
+def test_tool_results_sent_apart_from_the_next_question_join_its_turn() -> None:
+    """The Messages API merges consecutive user messages: the results and the question are one
+    turn, and the assistant turn they answer must keep its thinking when thinking is on, so
+    the step belongs to the protected latest turn (as when both come in one user message)."""
+    thinking = {"type": "thinking", "thinking": "t", "signature": "s"}
+    tool_use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "x"}
+    split = [
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": [thinking, tool_use]},
+        {"role": "user", "content": [result]},
+        {"role": "user", "content": "thanks, now answer"},
+    ]
+    units = group_units(split)
+    assert [(u.start, u.end, u.protected, u.step) for u in units] == [
+        (0, 1, False, False),
+        (1, 3, True, False),
+        (3, 4, True, False),
+    ]
+    merged = [*split[:2], {"role": "user", "content": [result, {"type": "text", "text": "thanks"}]}]
+    assert [u.protected for u in group_units(merged)] == [False, True]
+    # OpenAI-style tool answers are not user messages: the question alone opens the turn.
+    openai = [
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": None, "tool_calls": [call("t1")]},
+        {"role": "tool", "tool_call_id": "t1", "content": "x"},
+        {"role": "user", "content": "thanks, now answer"},
+    ]
+    assert [u.protected for u in group_units(openai)] == [False, False, True]
