@@ -135,6 +135,7 @@ import orjson
 
 from gateway.compress.digest import digest
 from gateway.compress.options import CompressionOptions
+from gateway.compress.signed_thinking import starts_with_thinking, unpinned
 from gateway.compress.transforms import (
     MEDIA_KINDS,
     drop_reasoning,
@@ -451,6 +452,7 @@ class _Fitter:
         self.fixed = fixed
         self.before = fixed + sum(sizes)
         self.names = tool_names(list(messages))
+        self.signed_thinking = any(map(starts_with_thinking, messages))
         self.densities: dict[int, float] = {}
         self.text_densities: dict[int, float] = {}
         self.levels = self._ladder()
@@ -1192,25 +1194,34 @@ class _Fitter:
         marker_at = {k: marker for k, _, marker in spans}
         positions: dict[int, int] = {}
         out: list[Message] = []
+        originals: list[Message | None] = []  # what each message of `out` was (None: a marker)
         after = self.fixed
         stages: set[str] = set()
         for unit in self.units:
             k = old_index.get(unit.start)
+            unit_messages = self.messages[unit.start : unit.end]
             if k is None:
                 for i in range(unit.start, unit.end):
                     message = protected.get(i, self.messages[i])
                     out.append(message)
                     after += self.sizes[i] if message is self.messages[i] else self.counter.message(message)
+                originals.extend(unit_messages)
             elif head <= k < cut:
                 if k in marker_at:
                     positions[k] = len(out)
                     out.append(marker_at[k])
                     after += self.counter.message(marker_at[k])
+                    originals.append(None)
             else:
                 stages |= self._stages_of(k, levels[k])
                 form, tokens = self.form(k, levels[k])
                 out.extend(form)
                 after += tokens
+                originals.extend(unit_messages if len(form) == len(unit_messages) else [None] * len(form))
+        if self.signed_thinking:
+            for index, message in unpinned(out, originals).items():
+                after += self.counter.message(message) - self.counter.message(out[index])
+                out[index] = message
         dropped = self._dropped_count(head, cut)
         if dropped:
             stages.add("drop_turns")

@@ -285,11 +285,16 @@ def _check_pairs(messages: Sequence[Mapping[str, Any]]) -> Error | None:
 
 def _check_thinking(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> Error | None:
     """With thinking on, the assistant turn answered by the final tool results starts with thinking."""
-    if not thinking_enabled(body):
-        return None
+    return final_thinking_error(messages) if thinking_enabled(body) else None
+
+
+def final_thinking_error(messages: Sequence[Mapping[str, Any]]) -> Error | None:
+    """The thinking rule as it applies with thinking on (user and assistant messages only)."""
     turns = _turns(messages)
+    if len(turns) < 2:
+        return None
     last = turns[-1]
-    if last.role != "user" or len(turns) < 2:
+    if last.role != "user":
         return None
     if not any(b.get("type") == "tool_result" for _, _, b in _blocks(messages, last)):
         return None

@@ -10,7 +10,9 @@ import pytest
 
 import gateway  # noqa: F401
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
+from gateway.compress.signed_thinking import unpinned
 from gateway.tokens.counter import counter_for
+from tests.fakes.anthropic_api import final_thinking_error
 from tests.fakes.validation import validate_chat_messages
 
 MODEL = "gpt-4o"
@@ -289,3 +291,83 @@ def test_growing_conversation_with_images_never_moves_the_cut_back() -> None:
     assert dropped == sorted(dropped) and dropped[-1] > 0
     shares = prefix_shares([r.messages for r in results])
     assert sum(shares) / len(shares) >= 0.65  # 0.61 when the cut follows the latest turn back
+
+
+def _thinking(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": "sig-" + text[:8]}
+
+
+def test_an_old_step_left_before_the_last_user_messages_keeps_the_thinking_rule() -> None:
+    """Dropping turns can leave an old step, its thinking dropped, right before the last user
+    messages: the Messages API would read its results as the final ones and refuse the request.
+    The step goes on as text, its call and result still there, within the budget."""
+    log = "\n".join(f"line {k}: value={k * 7} status=ok" for k in range(80))
+    team = " ".join(f"Sentence {k} explains a detail of the build and its cache." for k in range(60))
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Look into the failing build."},
+        {
+            "role": "assistant",
+            "content": [
+                _thinking("I should read the log first."),
+                {"type": "tool_use", "id": "toolu_1", "name": "run", "input": {"cmd": "make"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": log}]},
+        {"role": "user", "content": "Here is what the team said: " + team},
+        {"role": "assistant", "content": [_thinking("Let me weigh that."), {"type": "text", "text": team}]},
+        {"role": "user", "content": "So what now?"},
+    ]
+    assert final_thinking_error(messages) is None
+    result = fit(messages, model="gpt-4o", budget_tokens=840)
+    out = list(result.messages)
+    assert "drop_turns" in result.stages
+    assert final_thinking_error(out) is None
+    assert result.tokens_after == COUNTER.messages(out) <= 840
+    assert out[1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": '[called run with {"cmd":"make"}]'}],
+    }
+    assert out[2]["content"][0]["text"].startswith("[run returned:]\n[context-gateway: output of tool `run`")
+    # Without thinking in the conversation, the same step stays as tool blocks.
+    plain = [
+        {**m, "content": [b for b in m["content"] if b.get("type") != "thinking"]}
+        if isinstance(m["content"], list)
+        else m
+        for m in messages
+    ]
+    assert fit(plain, model="gpt-4o", budget_tokens=840).messages[1]["content"][0]["type"] == "tool_use"
+
+
+def test_a_step_turned_to_text_keeps_its_media_and_cache_breakpoint() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    mark = {"type": "ephemeral"}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Take a screenshot."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "is_error": True,
+                    "cache_control": mark,
+                    "content": [{"type": "text", "text": "partial"}, image],
+                }
+            ],
+        },
+        {"role": "user", "content": "Why did it fail?"},
+    ]
+    thought = {**messages[1], "content": [_thinking("Shoot."), *messages[1]["content"]]}
+    assert unpinned(messages, messages) == {}  # no thinking was dropped: nothing to keep to
+    changed = unpinned(messages, [messages[0], thought, *messages[2:]])
+    assert sorted(changed) == [1, 2]
+    assert changed[2]["content"] == [
+        {"type": "text", "text": "[shot failed:]"},
+        {"type": "text", "text": "partial"},
+        {**image, "cache_control": mark},
+    ]
+    assert final_thinking_error([*messages[:1], *changed.values(), messages[3]]) is None
+    # An assistant turn that starts with its thinking is left as it is.
+    kept = [messages[0], thought, *messages[2:]]
+    assert unpinned(kept, kept) == {}

@@ -25,6 +25,7 @@ from gateway.compress import CompressionOptions, ContextBudgetExceeded, FitResul
 from gateway.compress.transforms import placeholder, text_chars, tool_names
 from gateway.compress.units import group_units, is_user_input
 from gateway.tokens.counter import counter_for
+from tests.fakes.anthropic_api import final_thinking_error
 from tests.fakes.tokens import REPLY_PRIMING, count_message, count_text
 from tests.fakes.validation import validate_chat_messages
 from tests.unit.test_tokens_counter import cookbook_function_tokens
@@ -147,6 +148,11 @@ def conversations(draw: st.DrawFn, max_turns: int = 8, texts: Texts = texts) -> 
             reply["reasoning_content"] = draw(texts)
         messages.append(reply)
     if draw(st.booleans()):
+        results_last = (
+            len(messages) > 2 and messages[-2]["role"] == "user" and messages[-3]["role"] == "assistant"
+        )
+        if style == "anthropic" and results_last and draw(st.booleans()):
+            messages.pop()  # the last round's results, then the question in a user message of its own
         messages.append({"role": "user", "content": draw(user_content(texts))})
         if draw(st.integers(0, 4)) == 0:  # tool calls with no answer yet
             make = openai_round if style == "openai" else anthropic_round
@@ -258,6 +264,9 @@ def test_fit_invariants(
     # Strict API validity: no new error (a pending tool call at the end is invalid on input too).
     if validate_chat_messages(messages) is None:
         assert validate_chat_messages(result.messages) is None
+    # The Messages API's rule on signed thinking holds whenever it held on input.
+    if final_thinking_error(dialogue(messages)) is None:
+        assert final_thinking_error(dialogue(result.messages)) is None
     # Order preserved and unknown fields kept: every non-marker message carries its x_id.
     ids = [m["x_id"] for m in result.messages if "x_id" in m]
     assert ids == sorted(set(ids))
@@ -287,6 +296,11 @@ def test_fit_invariants(
     assert again.messages == result.messages and again.stages == ()
     twice = fit(copy.deepcopy(messages), model=MODEL, budget_tokens=budget, tools=tools, options=options)
     assert orjson.dumps(twice.messages) == orjson.dumps(result.messages)
+
+
+def dialogue(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user and assistant messages: what the Messages API reads as its turns."""
+    return [message for message in messages if message["role"] in ("user", "assistant")]
 
 
 def _unit_of(messages: list[dict[str, Any]], index: int) -> Any:
