@@ -19,7 +19,7 @@ from gateway.request_log import RequestLines
 from gateway.request_path import PathGuard
 from gateway.routes.chat import chat_completions
 from gateway.routes.health import healthz, metrics_endpoint, readyz
-from gateway.routes.messages import count_tokens, messages
+from gateway.routes.messages import anthropic_passthrough, messages
 from gateway.routes.passthrough import passthrough
 from gateway.routes.responses import responses
 from gateway.runtime import Runtime
@@ -62,7 +62,8 @@ def create_app(settings: Settings) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/v1/messages", anthropic_passthrough, methods=ALL_METHODS),
+            Route("/v1/messages/{path:path}", anthropic_passthrough, methods=ALL_METHODS),
             Route("/v1/responses", responses, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),

@@ -1,10 +1,13 @@
 """The models a pass-through request body names, for a team's model allow-list.
 
 A team held to an allow-list must not reach another model through any route: embeddings and
-moderations name it in a JSON body, audio transcriptions and image edits in a form field. The
-whole body is read as the upstream would read it (JSON may open with any amount of
-whitespace; a form may repeat a field), and a body that claims a JSON or form shape but cannot
-be read as one is refused: a lenient upstream might still find a model in it.
+moderations name it in a JSON body, audio transcriptions and image edits in a form field,
+Anthropic's Message Batches in each request's params, and OpenAI's batches in the input file
+uploaded for them (`purpose=batch`, one request per line; files sent in parts through the
+Uploads API are not read, and their batches are not checked). The whole body is read as the
+upstream would read it (JSON may open with any amount of whitespace; a form may repeat a
+field), and a body that claims a JSON or form shape but cannot be read as one is refused: a
+lenient upstream might still find a model in it.
 """
 
 from __future__ import annotations
@@ -34,12 +37,41 @@ def models_named(body: bytes, content_type: str) -> list[str]:
         if "json" in media or body.lstrip()[:1] in (b"{", b"["):
             raise GatewayError(400, "The request body is not valid JSON.") from None
         return []  # neither JSON nor a form: raw bytes, which name no model
-    if not isinstance(payload, dict) or "model" not in payload:
+    if not isinstance(payload, dict):
+        return []
+    models = _model_of(payload, "model")
+    requests = payload.get("requests")  # a Message Batch: each request's params name a model
+    for index, item in enumerate(requests if isinstance(requests, list) else []):
+        params = item.get("params") if isinstance(item, dict) else None
+        if isinstance(params, dict):
+            models += _model_of(params, f"requests[{index}].params.model")
+    return models
+
+
+def _model_of(payload: dict[str, object], param: str) -> list[str]:
+    if "model" not in payload:
         return []
     model = payload["model"]
     if not isinstance(model, str):
-        raise GatewayError(400, "'model' must be a string.", param="model")
+        raise GatewayError(400, f"'{param}' must be a string.", param=param)
     return [model]
+
+
+def _batch_models(lines: bytes) -> list[str]:
+    """The models of a batch input file (JSON Lines, each with the request's `body`)."""
+    models: list[str] = []
+    for number, line in enumerate(lines.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            request = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            message = f"Line {number} of the batch file is not valid JSON."
+            raise GatewayError(400, message, param="file") from None
+        body = request.get("body") if isinstance(request, dict) else None
+        if isinstance(body, dict):
+            models += _model_of(body, f"file: line {number}: body.model")
+    return models
 
 
 def _form_models(body: bytes, content_type: str, media: str) -> list[str]:
@@ -54,15 +86,21 @@ def _form_models(body: bytes, content_type: str, media: str) -> list[str]:
     if not boundary:
         raise GatewayError(400, "A multipart/form-data body needs a boundary in its Content-Type.")
     models: list[str] = []
+    purposes: list[bytes] = []
+    files: list[bytes] = []
 
     def on_field(field: Field) -> None:
         if field.field_name == b"model":
             models.append((field.value or b"").decode("utf-8", errors="replace"))
+        elif field.field_name == b"purpose":
+            purposes.append(field.value or b"")
 
     def on_file(file: File) -> None:
+        file.file_object.seek(0)
         if file.field_name == b"model":  # a model sent as a file part is still read by the upstream
-            file.file_object.seek(0)
             models.append(file.file_object.read().decode("utf-8", errors="replace"))
+        elif file.field_name == b"file":
+            files.append(file.file_object.read())
         file.close()
 
     # Files stay in memory: the body is already there, within the pass-through body limit.
@@ -82,4 +120,7 @@ def _form_models(body: bytes, content_type: str, media: str) -> list[str]:
         complete = getattr(parser.parser, "state", None) == MultipartState.END
     if not complete:
         raise GatewayError(400, "The multipart/form-data body is malformed or incomplete.")
+    if b"batch" in purposes:  # a batch input file: the models its requests will run on
+        for content in files:
+            models += _batch_models(content)
     return models

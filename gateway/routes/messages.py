@@ -1,4 +1,5 @@
-"""POST /v1/messages (Anthropic Messages API) through the shared prompt flow; count_tokens relayed.
+"""POST /v1/messages (Anthropic Messages API) through the shared prompt flow; the rest of
+/v1/messages* (count_tokens, Message Batches) relayed to Anthropic.
 
 The request goes to `upstream.anthropic_base_url` with the caller's `x-api-key` (or
 `upstream.anthropic_api_key` in place of every client credential); `anthropic-version` and
@@ -20,6 +21,7 @@ from gateway import metrics
 from gateway.errors import anthropic_error_body
 from gateway.policy.enforcer import Team
 from gateway.proxy_headers import client_query, to_upstream, upstream_query
+from gateway.request_path import upstream_path
 from gateway.routes.passthrough import relay_unchanged
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
@@ -104,12 +106,15 @@ messages = prompt_endpoint(
 )
 
 
-async def count_tokens(request: Request) -> Response:
-    """Relayed to Anthropic as it is: its count is the authority, nothing to fit."""
+async def anthropic_passthrough(request: Request) -> Response:
+    """Anthropic's other endpoints under /v1/messages (count_tokens, Message Batches), and
+    /v1/messages itself by any method but POST: relayed to Anthropic as they are, never to the
+    OpenAI base URL with an OpenAI key. Its count is the authority, nothing to fit."""
     runtime: Runtime = request.app.state.runtime
+    path = upstream_path(request.scope["raw_path"])
     return await relay_unchanged(
         request,
-        lambda query: anthropic_url(runtime, request.url.path, query),
+        lambda query: anthropic_url(runtime, path, query),
         lambda team: runtime.settings.upstream.anthropic_api_key,
         key_header="x-api-key",
     )

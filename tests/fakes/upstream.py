@@ -415,10 +415,14 @@ def delete_file(fake: FakeUpstream, call: Call) -> Reply:
 
 
 def invalid_url(fake: FakeUpstream, call: Call) -> Reply:
+    if call.path.startswith("/v1/messages"):  # Anthropic's host answers in its own shape
+        return _anthropic_error(404, "not_found_error", "Not Found")
     return _error(404, f"Invalid URL ({call.method} {call.path})")
 
 
 def invalid_method(fake: FakeUpstream, call: Call) -> Reply:
+    if call.path.startswith("/v1/messages"):
+        return _anthropic_error(405, "invalid_request_error", f"Method Not Allowed: {call.method}")
     return _error(405, f"Invalid method for URL ({call.method} {call.path})")
 
 

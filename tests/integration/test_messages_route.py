@@ -239,6 +239,41 @@ def test_count_tokens_is_relayed(claude: anthropic.Anthropic, fake_upstream: Fak
     assert fake_upstream.requests_to("/v1/messages/count_tokens")
 
 
+def test_every_other_messages_endpoint_goes_to_anthropic(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """Message Batches and any other method on /v1/messages are Anthropic's: they go to its base
+    URL with its key, never to the OpenAI base URL with the OpenAI key."""
+    root = windowed(
+        start_gateway,
+        GATEWAY_UPSTREAM_API_KEY="sk-openai-org",
+        GATEWAY_UPSTREAM_ANTHROPIC_API_KEY="sk-ant-org",
+    )
+    headers = {"x-api-key": "sk-ant-caller", "anthropic-version": "2023-06-01"}
+    batch = {
+        "requests": [
+            {"custom_id": "a", "params": {"model": MODEL, "max_tokens": 5, "messages": [user("hi")]}}
+        ]
+    }
+    answers = [
+        httpx.post(f"{root}/v1/messages/batches", json=batch, headers=headers),
+        httpx.get(f"{root}/v1/messages/batches/msgbatch_1/results?limit=2", headers=headers),
+        httpx.get(f"{root}/v1/messages", headers=headers),
+    ]
+    # The fake serves none of them: its answer, in Anthropic's shape, is relayed.
+    assert all(answer.json()["type"] == "error" for answer in answers)
+    received = fake_upstream.received
+    assert [(r.method, r.path) for r in received] == [
+        ("POST", "/v1/messages/batches"),
+        ("GET", "/v1/messages/batches/msgbatch_1/results"),
+        ("GET", "/v1/messages"),
+    ]
+    assert received[1].query == "limit=2"
+    assert all(
+        r.headers.get("x-api-key") == "sk-ant-org" and "authorization" not in r.headers for r in received
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_claude_counts_calibrate_on_input_tokens(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory, stream: bool

@@ -675,6 +675,21 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
     ]
     assert [answer.status_code for answer in attempts] == [404] * len(attempts)
     assert all(answer.json()["error"]["code"] == "model_not_found" for answer in attempts)
+    # Batches run the models their requests name: in the body (Anthropic), in the input file (OpenAI).
+    lines = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": m}}
+        for m in ("whisper-1", forbidden)
+    ]
+    batch_file = "\n".join(json.dumps(line) for line in lines).encode()
+    uploaded = httpx.post(
+        url + "/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", batch_file)}, headers=auth
+    )
+    assert uploaded.status_code == 404 and forbidden in uploaded.json()["error"]["message"]
+    params = {"model": forbidden, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    batched = httpx.post(
+        url + "/messages/batches", json={"requests": [{"custom_id": "a", "params": params}]}, headers=auth
+    )
+    assert batched.status_code == 404 and batched.json()["type"] == "error"
     cut = b'--zz\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + forbidden.encode()
     malformed = [
         httpx.post(url + "/embeddings", content=b'{"model": NaN}', headers=json_type),
