@@ -15,6 +15,11 @@ What uvicorn 0.5x offers and why it is not enough here (read from its source):
   from a request's first byte (or the connection's start) to the end of its headers, and
   ``body_timeout`` the silence between two pieces of its body; either answers 408 and closes.
 
+Its refusals, and what the parser refuses (uvicorn answers that in plain text), are JSON in the
+route's error shape. An upgrade offer (`Upgrade: h2c`, sent by curl --http2 on http://) makes
+httptools read what follows the headers as the new protocol's bytes, so a request carrying a
+body under one would reach the app empty: it is refused, naming the header.
+
 A protocol subclass, not an ASGI middleware: ASGI sees a request only once its headers are
 complete, too late for all of the above. The subclass touches uvicorn through its parser
 callbacks and ``send_400_response`` (where a refused request ends), and costs one attribute
@@ -38,9 +43,11 @@ from typing import ClassVar
 from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from gateway.errors import error_body
+from gateway.errors import anthropic_error_body, anthropic_error_type, anthropic_path, error_body
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_TOO_LARGE = "The request's headers are larger than the gateway accepts."
+_NOT_HTTP = "The request is not valid HTTP/1.1."
 # The scope extension holding a request's `client_gone` check (the gateway's own server only).
 CLIENT_GONE = "gateway.client_gone"
 
@@ -69,7 +76,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # Connections with no request under way, oldest first: the ones to close when full.
     idle: ClassVar[OrderedDict[LimitedHttpToolsProtocol, None]]
 
+    url = b""  # uvicorn sets it when a request begins; a refusal may come before
     _refusal: int | None = None
+    _refusal_message = _NOT_HTTP
     _in_headers = False
     _header_bytes = 0
     _header_timer: asyncio.TimerHandle | None = None
@@ -112,7 +121,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         # Headers still unfinished past the limit: stop before the parser buffers more of them.
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
-            self._refuse(431, "The request's headers are larger than the gateway accepts.")
+            self._refuse(431, _TOO_LARGE)
 
     # Parser callbacks --------------------------------------------------------------------------
 
@@ -129,9 +138,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # Headers that arrived whole in one read are measured exactly here.
         size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
         if size > self.limits.max_header_bytes:
-            self._refusal = 431
+            self._refusal, self._refusal_message = 431, _TOO_LARGE
             # Raising stops the parser; uvicorn then calls send_400_response, which answers 431.
-            raise HeadersTooLarge
+            raise RequestRefused
+        if self._offers_upgrade_with_body():
+            # httptools reads what follows the headers of an upgrade offer (curl --http2 on
+            # http:// offers h2c) as the new protocol's bytes: the app would get an empty body.
+            self._refusal, self._refusal_message = (
+                400,
+                (
+                    "The gateway speaks HTTP/1.1 and does not switch protocols: send the request "
+                    "without the `Upgrade` header (curl: --http1.1 rather than --http2 on http://)."
+                ),
+            )
+            raise RequestRefused
         super().on_headers_complete()
         if self.cycle is not None:
             extensions: dict[str, object] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
@@ -155,10 +175,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.idle[self] = None
 
     def send_400_response(self, msg: str) -> None:
-        if self._refusal == 431:
-            self._write_refusal(431, "The request's headers are larger than the gateway accepts.")
-        else:
-            super().send_400_response(msg)
+        # uvicorn's answer to what the parser refused is plain text; the gateway's errors are JSON.
+        self._write_refusal(self._refusal or 400, self._refusal_message)
+
+    def _offers_upgrade_with_body(self) -> bool:
+        upgrade = self._get_upgrade()
+        if upgrade is None or self._should_upgrade():
+            return False
+        declared = dict(self.headers)
+        length = declared.get(b"content-length", b"0").strip()
+        return b"transfer-encoding" in declared or not length.isdigit() or int(length) > 0
 
     def _gone_check(self, cycle: RequestResponseCycle) -> Callable[[], bool]:
         # The check lives in the cycle's own scope: holding the cycle weakly keeps that from being
@@ -226,7 +252,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_timers()
         if self.transport.is_closing():
             return
-        body = error_body(message, type="invalid_request_error", code="request_rejected")
+        if anthropic_path(self.url.partition(b"?")[0].decode("latin-1")):
+            body = anthropic_error_body(message, anthropic_error_type(status))
+        else:
+            body = error_body(message, type="invalid_request_error", code="request_rejected")
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))
@@ -235,7 +264,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-class HeadersTooLarge(Exception):
+class RequestRefused(Exception):
     """Raised inside the parser's callback to stop it; never leaves the protocol."""
 
 

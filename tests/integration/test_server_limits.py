@@ -216,3 +216,85 @@ def test_connection_cap_fits_under_the_open_file_limit() -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft == hard == limit or hard == resource.RLIM_INFINITY
+
+
+def _json_body(response: bytes) -> dict[str, object]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower()
+    parsed = orjson.loads(body)
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\nx-bad: a\x01b\r\n\r\n",  # control byte in a value
+        b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\ncontent-length: -1\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+        b"GET /v1/mo\xffdels HTTP/1.1\r\nhost: gateway\r\n\r\n",
+    ],
+    ids=["control-byte", "negative-length", "two-lengths", "raw-0xff-path"],
+)
+def test_malformed_http_answers_json_400(start_gateway: GatewayFactory, request_bytes: bytes) -> None:
+    """What the HTTP parser refuses is answered like every other gateway error: JSON, not text."""
+    base = start_gateway()
+    with _connect(base) as sock:
+        sock.sendall(request_bytes)
+        response = _read_until_closed(sock)
+    assert _status(response) == 400
+    assert _json_body(response)["error"] == {
+        "message": "The request is not valid HTTP/1.1.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "request_rejected",
+    }
+
+
+def test_refusals_on_anthropic_paths_are_in_anthropic_shape(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    base = start_gateway(GATEWAY_SERVER_BODY_TIMEOUT="0.5", GATEWAY_SERVER_MAX_HEADER_BYTES="2048")
+    with _connect(base) as sock:
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: gateway\r\ncontent-length: 50\r\n\r\n{")
+        stalled = _read_until_closed(sock)
+    with _connect(base) as sock:
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: gateway\r\nx-big: " + b"a" * 4096 + b"\r\n\r\n")
+        too_large = _read_until_closed(sock)
+    assert (_status(stalled), _status(too_large)) == (408, 431)
+    assert _json_body(stalled) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "The request body stalled: nothing arrived for too long.",
+        },
+    }
+    assert _json_body(too_large) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "The request's headers are larger than the gateway accepts.",
+        },
+    }
+    assert fake_upstream.received == []
+
+
+def test_an_upgrade_offer_with_a_body_is_refused_by_name(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """curl --http2 on http:// offers h2c: the parser would read the body as the new protocol's
+    bytes and hand the app an empty body. Without a body the offer is ignored and served."""
+    base = start_gateway()
+    offer = (
+        b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+    )
+    with _connect(base) as sock:
+        sock.sendall(_chat_request(offer))
+        refused = _read_until_closed(sock)
+    assert _status(refused) == 400
+    assert "`Upgrade`" in str(_json_body(refused)["error"])
+    assert fake_upstream.received == []
+    with _connect(base) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n" + offer + b"connection: close\r\n\r\n")
+        served = _read_until_closed(sock)
+    assert _status(served) == 200
