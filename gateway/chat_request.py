@@ -94,6 +94,7 @@ def parse_chat_request(
 ) -> ChatRequest:
     """Parse and validate a body of `wire`'s format (chat completions unless told otherwise),
     reusing the parsed head of its conversation's previous body (`wire/incremental.py`)."""
+    _check_codings(headers)
     parser = PARSERS.get(wire.name)
     if parser is None:
         parser = PARSERS[wire.name] = IncrementalParser(wire.prompt_field)
@@ -111,6 +112,22 @@ def parse_chat_request(
         wire=wire,
         encoded=parsed.encoded,
     )
+
+
+def _check_codings(headers: Mapping[str, str]) -> None:
+    """The gateway reads, counts and may rewrite a prompt body: it must arrive as plain bytes. A
+    compressed one would read as invalid JSON, and a body labelled compressed but sent plain
+    would go upstream, rewritten, under a label that no longer holds."""
+    coding = headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise GatewayError(
+            415,
+            f"Content-Encoding {coding[:40]!r} is not supported on this route: send the body uncompressed.",
+            param="content-encoding",
+        )
+    transfer = [part.strip() for part in headers.get("transfer-encoding", "").lower().split(",")]
+    if any(part not in ("", "chunked", "identity") for part in transfer):
+        raise GatewayError(501, "Only the chunked Transfer-Encoding is supported.", param="transfer-encoding")
 
 
 def compression_mode(headers: Mapping[str, str]) -> CompressionMode:

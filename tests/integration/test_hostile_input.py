@@ -3,7 +3,9 @@ never an upstream call for a body the gateway refuses, never a traceback or a re
 
 from __future__ import annotations
 
+import gzip
 import logging
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -328,3 +330,68 @@ def test_invented_model_names_share_one_metric_label(fake_upstream: FakeUpstream
     assert 'gateway_upstream_silent_truncations_total{model="other"}' in metrics
     assert 'gateway_upstream_silent_truncations_total{model="gpt-4o"}' in metrics
     assert "invented-model" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "param"),
+    [
+        (
+            "/chat/completions",
+            gzip.compress(_raw(_body())),
+            {"content-encoding": "gzip"},
+            415,
+            "content-encoding",
+        ),
+        ("/chat/completions", _raw(_body()), {"content-encoding": "gzip"}, 415, "content-encoding"),
+        (
+            "/responses",
+            _raw({"model": "gpt-4o", "input": "hi"}),
+            {"content-encoding": "br"},
+            415,
+            "content-encoding",
+        ),
+    ],
+    ids=["gzip-body", "plain-body-labelled-gzip", "responses-br"],
+)
+def test_prompt_bodies_must_arrive_uncompressed(
+    fake_upstream: FakeUpstream,
+    gateway_url: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
+    param: str,
+) -> None:
+    """The gateway reads and may rewrite a prompt body: a compressed one is refused naming the
+    header, never misread as bad JSON nor forwarded under a label that no longer holds."""
+    sent = {"content-type": "application/json", **headers}
+    answer = httpx.post(gateway_url + path, content=body, headers=sent, timeout=30)
+    assert answer.status_code == status
+    assert answer.json()["error"]["param"] == param
+    assert fake_upstream.received == []
+    plain = httpx.post(
+        gateway_url + "/chat/completions", content=_raw(_body()), headers={"content-encoding": "identity"}
+    )
+    assert plain.status_code == 200
+
+
+def test_a_transfer_coding_other_than_chunked_is_refused(
+    fake_upstream: FakeUpstream, gateway_url: str
+) -> None:
+    body = gzip.compress(_raw(_body()))
+    host, port = gateway_url.removeprefix("http://").removesuffix("/v1").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n"
+            + b"%x\r\n" % len(body)
+            + body
+            + b"\r\n0\r\n\r\n"
+        )
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    head, _, answer = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 501 ")
+    assert orjson.loads(answer)["error"]["param"] == "transfer-encoding"
+    assert fake_upstream.received == []
