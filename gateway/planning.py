@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import ClientDisconnect
@@ -210,19 +210,45 @@ def _fitted_plan(
         )
     except ContextBudgetExceeded as exc:
         metrics.REFUSALS.inc()
+        needed = exc.minimum + tokens - exc.tokens
+        output, field = _requested_output_field(chat.payload)
+        param = chat.wire.prompt_field
+        if output and budget == 0:  # the answer asked for takes the whole window
+            param = field
+            message = (
+                f"This request asks for up to {output} output tokens ({field}), which leaves no room "
+                f"in the usable budget (model window or team cap) for the prompt ({tokens} tokens, at "
+                f"least {needed} after compression). Lower {field}."
+            )
+        else:
+            message = (
+                f"This request needs at least {needed} prompt tokens even after compression, but the "
+                f"usable budget (model window or team cap) is {budget} tokens (prompt was {tokens} "
+                "tokens). Shorten the system prompt or the latest message"
+            )
+            if output and needed <= budget + output:  # a smaller answer would leave it room
+                message += f", or lower {field} to at most {output - (needed - budget)}"
+            message += "."
         raise GatewayError(
             400,
-            f"This request needs at least {exc.minimum + tokens - exc.tokens} prompt tokens even after "
-            f"compression, but the usable budget (model window or team cap) is {budget} tokens "
-            f"(prompt was {tokens} tokens). "
-            "Shorten the system prompt or the latest message.",
-            param=chat.wire.prompt_field,
+            message,
+            param=param,
             code="context_length_exceeded",
             headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},
         ) from None
     if body is None:
         return Plan(chat.raw, budget, tokens, tokens)
     return Plan(orjson.dumps(body), budget, tokens, result.tokens_after + fixed, tuple(result.stages), result)
+
+
+def _requested_output_field(payload: Mapping[str, Any]) -> tuple[int, str]:
+    """The output the client asked for and the field it named it in (the larger, given two)."""
+    asked = [
+        (value, name)
+        for name in ("max_output_tokens", "max_completion_tokens", "max_tokens")
+        if isinstance(value := payload.get(name), int) and not isinstance(value, bool) and value > 0
+    ]
+    return max(asked) if asked else (0, "")
 
 
 def demand(chat: ChatRequest, plan: Plan) -> int:

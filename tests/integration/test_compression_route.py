@@ -149,8 +149,39 @@ def test_prompt_that_cannot_fit_is_refused_with_numbers(
     error = answer.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
     assert "budget" in error["message"] and any(ch.isdigit() for ch in error["message"])
+    assert "or lower max_tokens to at most " in error["message"]  # the other way to make room
     assert answer.headers["x-gateway-compression"] == "refused"
     assert fake_upstream.requests_to("/v1/chat/completions") == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (
+            "/chat/completions",
+            {"max_tokens": 5_000, "messages": [{"role": "user", "content": "hi"}]},
+            "max_tokens",
+        ),
+        (
+            "/chat/completions",
+            {"max_completion_tokens": 900, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+            "max_completion_tokens",
+        ),
+        ("/responses", {"max_output_tokens": 5_000, "input": "hi"}, "max_output_tokens"),
+    ],
+    ids=["max_tokens", "the-larger-of-two", "responses"],
+)
+def test_an_answer_that_takes_the_whole_window_is_named(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, path: str, body: dict[str, object], field: str
+) -> None:
+    """A two-token prompt is not what to shorten when the answer asked for fills the window."""
+    url = start_gateway(GATEWAY_MODELS=json.dumps({"tiny-model": {"context_window": 1_000}}))
+    answer = httpx.post(f"{url}{path}", json={"model": "tiny-model", **body}, timeout=30)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", field)
+    assert error["message"].endswith(f"Lower {field}.")
+    assert fake_upstream.requests_to("/v1" + path) == []
 
 
 @pytest.mark.parametrize("mode", ["auto", "aggressive"])
