@@ -189,9 +189,18 @@ class TextFormatter(logging.Formatter):
 
 
 def _text(value: Any) -> str:
+    """A value as logfmt writes it: quoted, JSON-escaped, when it could read as more than one field
+    (a client chooses its request id and model name: `abc team=finance` must stay one value)."""
     if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value).lower() if isinstance(value, bool) else str(value)
+        text = ",".join(str(v) for v in value)
+    else:
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+    if not text or any(mark in text for mark in _NEEDS_QUOTES):
+        return orjson.dumps(text).decode()
+    return text
+
+
+_NEEDS_QUOTES = (" ", "=", '"', "\\")
 
 
 def logging_config(log_format: str, level: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import select
+import shlex
 import sys
 from collections.abc import Iterator
 
@@ -76,6 +77,19 @@ def test_text_line_is_key_value_on_one_line_laid_out_as_every_line() -> None:
     assert "overflow_retry=false" in line
     pairs = line.split(": ", 1)[1].rstrip("\n")
     assert line == TextFormatter().format(_plain("gateway.requests", pairs)) + "\n"
+
+
+def test_a_client_chosen_value_cannot_forge_text_fields() -> None:
+    """The request id and the model name are the client's: a space or `=` in one stays inside it."""
+    record = RequestRecord(
+        "abc team=finance", "POST", "chat_completions", status=200, model='gpt-4o route="admin"'
+    )
+    line = RequestLines("text").render(record.fields(), CREATED)
+    assert 'request_id="abc team=finance"' in line
+    assert 'model="gpt-4o route=\\"admin\\""' in line
+    fields = dict(pair.split("=", 1) for pair in shlex.split(line.split(": ", 1)[1]))
+    assert fields["request_id"] == "abc team=finance" and fields["model"] == 'gpt-4o route="admin"'
+    assert fields["route"] == "chat_completions" and "team" not in fields
 
 
 def test_plain_records_and_exceptions_stay_one_line_without_tracebacks() -> None:
