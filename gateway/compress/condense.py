@@ -87,10 +87,18 @@ def _split_long(piece: str, limit: int) -> list[str]:
 
 
 def _pieces(text: str, prose: bool, limit: int) -> list[str]:
-    """Split into pieces whose concatenation is `text`."""
+    """Split into pieces whose concatenation is `text`. A run of blank lines is one piece: it says
+    nothing, and a text of a million empty lines would otherwise cost a million pieces to weigh."""
     lines = text.splitlines(keepends=True)
     pieces: list[str] = []
+    blanks: list[str] = []
     for line in lines:
+        if line.isspace():
+            blanks.append(line)
+            continue
+        if blanks:
+            pieces.append("".join(blanks))
+            blanks = []
         if prose and len(line) > limit // 4:
             start = 0
             for cut in [m.end() for m in _SENTENCE_END.finditer(line)] + [len(line)]:
@@ -101,6 +109,8 @@ def _pieces(text: str, prose: bool, limit: int) -> list[str]:
             pieces.extend(_split_long(line, limit))
         else:
             pieces.append(line)
+    if blanks:
+        pieces.append("".join(blanks))
     return pieces
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.compress.condense import collapse_repeats, condense, condense_json
+from gateway.compress.condense import _pieces, collapse_repeats, condense, condense_json
 from gateway.compress.transforms import (
     drop_reasoning,
     map_tool_results,
@@ -308,3 +308,22 @@ def test_a_kept_key_named_like_the_count_keeps_its_value() -> None:
     cut = json.loads(shrunk["tool_calls"][0]["function"]["arguments"])
     assert cut["…"] == "the caller's own value"
     assert cut["……"].startswith(f"{121 - len(cut) + 1} more keys omitted")
+
+
+def test_a_run_of_blank_lines_is_weighed_as_one_piece() -> None:
+    """A message of a million empty lines cost a million pieces to weigh, five times over in a
+    protected trim: about 2 MB of newlines held a worker for 15-20 s."""
+    text = (
+        "start of the log\n"
+        + "\n" * 100_000
+        + " \t\r\n" * 1_000
+        + "ERROR: disk full on /dev/sda1\n"
+        + "\n" * 100_000
+        + "end\n"
+    )
+    pieces = _pieces(text, prose=False, limit=100)
+    assert "".join(pieces) == text
+    assert len(pieces) == 5
+    out = condense(text, 400, 4.0, prose=False)
+    assert out.startswith("start of the log\n") and out.rstrip().endswith("end")
+    assert "ERROR: disk full on /dev/sda1" in out and len(out) <= 400
