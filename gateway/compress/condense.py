@@ -398,7 +398,8 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill:
         return None
     try:
         value = orjson.loads(text)
-    except orjson.JSONDecodeError:
+        orjson.dumps(value)  # nested deeper than orjson writes (254 levels): condensed as text
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return None
     option = orjson.OPT_INDENT_2 if "\n" in stripped else 0
     memo: dict[int, list[int]] = {}

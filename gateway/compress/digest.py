@@ -42,6 +42,7 @@ import orjson
 
 from gateway.compress.transforms import error_lines
 from gateway.compress.units import is_user_input
+from gateway.tokens.formats import compact_json
 
 Message = Mapping[str, Any]
 
@@ -301,7 +302,7 @@ def _arguments(arguments: Any) -> str:
 
 
 def _argument(value: Any) -> str:
-    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    text = value if isinstance(value, str) else compact_json(value)
     text = " ".join(text.split())
     return text if len(text) <= ARG_CHARS else text[: ARG_CHARS - 1] + "…"
 

@@ -131,8 +131,6 @@ from functools import partial
 from itertools import accumulate
 from typing import Any, overload
 
-import orjson
-
 from gateway.compress.digest import digest
 from gateway.compress.options import CompressionOptions
 from gateway.compress.signed_thinking import starts_with_thinking, unpinned
@@ -154,6 +152,7 @@ from gateway.compress.transforms import (
 )
 from gateway.compress.units import PROTECTED_ROLES, Unit, group_units, is_tool_result_carrier
 from gateway.tokens.counter import TokenCounter, counter_for
+from gateway.tokens.formats import compact_json
 
 Message = Mapping[str, Any]
 Form = tuple[Message, ...]
@@ -285,7 +284,7 @@ def _usable(summary: str | None, room: int, counter: TokenCounter) -> bool:
 
 def span_key(messages: Sequence[Message]) -> str:
     """A name for a span's content: equal spans, on any replica, get the same key."""
-    data = orjson.dumps(list(messages), option=orjson.OPT_SORT_KEYS, default=str)
+    data = compact_json(list(messages), sort_keys=True).encode("utf-8", errors="surrogatepass")
     return hashlib.sha256(data).hexdigest()[:32]
 
 
@@ -1219,7 +1218,7 @@ class _Fitter:
                 after += tokens
                 originals.extend(unit_messages if len(form) == len(unit_messages) else [None] * len(form))
         if self.signed_thinking:
-            for index, message in unpinned(out, originals).items():
+            for index, message in unpinned(out, originals, self.counter.message).items():
                 after += self.counter.message(message) - self.counter.message(out[index])
                 out[index] = message
         dropped = self._dropped_count(head, cut)

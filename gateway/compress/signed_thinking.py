@@ -8,24 +8,31 @@ tool results, and the API refuses the request. Such a step is history; its call 
 go on as text blocks, which the rule does not concern, rather than as tool blocks: the call
 as one line naming the tool and its input, each result as a line naming the tool, followed by
 what the result held (its text, and its images or documents as they were), less the ids.
+The fit was chosen for the blocks' tokens, so a message whose text would cost more (a long
+tool name in every heading) takes the bare form instead: the call's tool name alone, the
+result's content alone, each smaller than its block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-import orjson
-
 from gateway.compress.units import Message
+from gateway.tokens.formats import compact_json
 
 SIGNED_THINKING = frozenset({"thinking", "redacted_thinking"})
 
 
-def unpinned(messages: Sequence[Message], originals: Sequence[Message | None]) -> dict[int, Message]:
+def unpinned(
+    messages: Sequence[Message], originals: Sequence[Message | None], cost: Callable[[Message], int]
+) -> dict[int, Message]:
     """The messages to replace (by index) so that the last user messages' tool results answer an
     assistant turn that starts with thinking, where its original (`originals`, parallel to
-    `messages`; None for a message the fit added) did; empty when nothing needs to change."""
+    `messages`; None for a message the fit added) did; empty when nothing needs to change.
+    No message costs more than before (`cost`: its tokens): where the readable form would, the
+    bare one goes (the tool's name alone for a call, the result's content alone)."""
     start = len(messages)
     while start > 0 and messages[start - 1].get("role") == "user":
         start -= 1
@@ -35,16 +42,20 @@ def unpinned(messages: Sequence[Message], originals: Sequence[Message | None]) -
     if original is None or not starts_with_thinking(original) or starts_with_thinking(assistant):
         return {}
     calls = _calls(assistant)
-    answered = {
+    answered = [
         index
         for index in range(start, len(messages))
         if any(_answers(block, calls) for block in _blocks(messages[index]))
-    }
+    ]
     if not answered:
         return {}
-    changed: dict[int, Message] = {start - 1: _with_content(assistant, _call_text)}
-    for index in answered:
-        changed[index] = _with_content(messages[index], lambda block: _result_text(block, calls))
+    changed: dict[int, Message] = {}
+    for index in [start - 1, *answered]:
+        message = messages[index]
+        readable = _with_content(message, partial(_as_text, calls=calls, bare=False))
+        if cost(readable) > cost(message):
+            readable = _with_content(message, partial(_as_text, calls=calls, bare=True))
+        changed[index] = readable
     return changed
 
 
@@ -86,23 +97,24 @@ def _text_block(block: Mapping[str, Any], text: str) -> dict[str, Any]:
     return new
 
 
-def _call_text(block: Mapping[str, Any]) -> list[Any]:
-    if block.get("type") != "tool_use":
-        return [block]
-    arguments = orjson.dumps(block.get("input")).decode() if "input" in block else "{}"
-    return [_text_block(block, f"[called {block.get('name')} with {arguments}]")]
-
-
-def _result_text(block: Mapping[str, Any], calls: Mapping[str, Any]) -> list[Any]:
+def _as_text(block: Mapping[str, Any], calls: Mapping[str, Any], *, bare: bool) -> list[Any]:
+    """A tool_use or answering tool_result block as text blocks; any other block as it is."""
+    if block.get("type") == "tool_use" and block.get("id") in calls:
+        name = block.get("name")
+        if bare:
+            return [_text_block(block, f"[called {name}]")]
+        arguments = compact_json(block.get("input")) if "input" in block else "{}"
+        return [_text_block(block, f"[called {name} with {arguments}]")]
     if not _answers(block, calls):
         return [block]
-    heading = f"[{calls[block['tool_use_id']]} {'failed' if block.get('is_error') else 'returned'}:]"
+    outcome = "failed" if block.get("is_error") else "returned"
+    heading = "" if bare else f"[{calls[block['tool_use_id']]} {outcome}:]"
     content = block.get("content")
-    if isinstance(content, str):
-        return [_text_block(block, f"{heading}\n{content}" if content else heading)]
+    if isinstance(content, str) and content:
+        return [_text_block(block, f"{heading}\n{content}" if heading else content)]
     # Blocks a tool result holds (text, images, documents) are user content blocks as well.
     held = [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
     if not held:
-        return [_text_block(block, heading)]
+        return [_text_block(block, heading or "[result]")]
     last = {**held[-1], "cache_control": block["cache_control"]} if "cache_control" in block else held[-1]
-    return [{"type": "text", "text": heading}, *held[:-1], last]
+    return [*([{"type": "text", "text": heading}] if heading else []), *held[:-1], last]

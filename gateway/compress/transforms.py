@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.compress.condense import collapse_repeats, condense, condense_json
+from gateway.tokens.formats import compact_json
 
 Message = Mapping[str, Any]
 TextFn = Callable[[str, str], str]  # (text, tool name) -> new text
@@ -59,7 +60,7 @@ def message_texts(message: Message) -> list[str]:
                     walk(value[key])
             tool_input = value.get("input")
             if isinstance(tool_input, dict | list):  # a tool_use's input: counted as its JSON
-                texts.append(orjson.dumps(tool_input).decode())
+                texts.append(compact_json(tool_input))
             elif tool_input is not None:
                 walk(tool_input)
         elif isinstance(value, list):
@@ -89,7 +90,7 @@ def part_lengths(message: Message) -> list[int]:
             if part.get("type") in TEXT_KINDS and isinstance(part.get("text"), str):
                 lengths.append(len(part["text"]))
             elif part.get("type") == "tool_use" and isinstance(part.get("input"), dict | list):
-                lengths.append(len(orjson.dumps(part["input"]).decode()))
+                lengths.append(len(compact_json(part["input"])))
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, Mapping) else None
@@ -375,7 +376,7 @@ def _shrink_tool_input(part: Mapping[str, Any], max_chars: int, fill: bool) -> M
     value = part.get("input")
     if not isinstance(value, dict | list):
         return part
-    text = orjson.dumps(value).decode()
+    text = compact_json(value)
     if len(text) <= max_chars:
         return part
     shrunk = condense_json(text, max_chars, or_smallest=True, fill=fill)

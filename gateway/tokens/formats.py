@@ -66,11 +66,18 @@ _RENDERED_PROPERTY_KEYS: Final = frozenset({"type", "description", "enum"})
 TextCounter = Callable[[str], int]
 
 
-def compact_json(value: object) -> str:
+def compact_json(value: object, *, sort_keys: bool = False) -> str:
+    """`value` as compact JSON, whatever it holds: what orjson refuses (lone surrogates, non-string
+    keys, more than 254 levels) goes through `json`, and what that refuses too (keys it cannot
+    write or sort, nesting past the recursion limit) as its repr."""
     try:
-        return orjson.dumps(value, default=str).decode()
-    except TypeError:  # e.g. lone surrogates, which orjson refuses
-        return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+        return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
+    except TypeError:
+        pass
+    try:
+        return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
 
 
 class PromptRules:

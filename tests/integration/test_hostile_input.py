@@ -395,3 +395,22 @@ def test_a_transfer_coding_other_than_chunked_is_refused(
     assert head.startswith(b"HTTP/1.1 501 ")
     assert orjson.loads(answer)["error"]["param"] == "transfer-encoding"
     assert fake_upstream.received == []
+
+
+def test_json_text_deeper_than_orjson_writes_is_compressed_not_a_500(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """A tool output holding JSON nested 300 deep: orjson reads it, cannot write it back."""
+    url = start_gateway(GATEWAY_MODELS=orjson.dumps({"gpt-4o": {"context_window": 3_000}}).decode())
+    deep = "[" * 300 + ",".join(['"word"'] * 3000) + "]" * 300
+    call = {"id": "c1", "type": "function", "function": {"name": "q", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": deep},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "next question"},
+    ]
+    answer = httpx.post(url + "/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=30)
+    assert answer.status_code == 200
+    assert answer.headers["x-gateway-compression"] != "none"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -359,8 +360,8 @@ def test_a_step_turned_to_text_keeps_its_media_and_cache_breakpoint() -> None:
         {"role": "user", "content": "Why did it fail?"},
     ]
     thought = {**messages[1], "content": [_thinking("Shoot."), *messages[1]["content"]]}
-    assert unpinned(messages, messages) == {}  # no thinking was dropped: nothing to keep to
-    changed = unpinned(messages, [messages[0], thought, *messages[2:]])
+    assert unpinned(messages, messages, COUNTER.message) == {}  # no thinking was dropped: none to keep
+    changed = unpinned(messages, [messages[0], thought, *messages[2:]], COUNTER.message)
     assert sorted(changed) == [1, 2]
     assert changed[2]["content"] == [
         {"type": "text", "text": "[shot failed:]"},
@@ -370,4 +371,82 @@ def test_a_step_turned_to_text_keeps_its_media_and_cache_breakpoint() -> None:
     assert final_thinking_error([*messages[:1], *changed.values(), messages[3]]) is None
     # An assistant turn that starts with its thinking is left as it is.
     kept = [messages[0], thought, *messages[2:]]
-    assert unpinned(kept, kept) == {}
+    assert unpinned(kept, kept, COUNTER.message) == {}
+
+
+def test_a_step_turned_to_text_never_costs_more_than_its_blocks() -> None:
+    """A long tool name in every result's heading made the text dearer than the blocks, and the
+    fit, chosen for the blocks, came back over its budget: such a step takes the bare form."""
+    name = "search_the_internal_knowledge_base_for_documents"
+    ids = [f"t{i}" for i in range(30)]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Earlier question " + "about the build config " * 600},
+        {"role": "assistant", "content": "Earlier answer " + "with some details " * 600},
+        {"role": "user", "content": "Look it up."},
+        {
+            "role": "assistant",
+            "content": [
+                _thinking("I should search."),
+                *[{"type": "tool_use", "id": i, "name": name, "input": {}} for i in ids],
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": ""} for i in ids]},
+        {"role": "user", "content": "thanks"},
+        {"role": "user", "content": "and now?"},
+    ]
+    result = fit(messages, model="gpt-4o", budget_tokens=895)
+    out = list(result.messages)
+    assert result.tokens_after == COUNTER.messages(out) <= 895
+    assert final_thinking_error(out) is None
+    call, results = out[3], out[4]
+    assert call["content"][0] == {"type": "text", "text": f"[called {name} with {{}}]"}
+    assert results["content"] == [{"type": "text", "text": "[result]"}] * 30  # no heading: bare
+
+
+DEEP_JSON = "[" * 300 + ",".join(['"word"'] * 3000) + "]" * 300  # valid; deeper than orjson writes
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"role": "tool", "tool_call_id": "b", "content": DEEP_JSON},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "q", "arguments": DEEP_JSON}}
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": "x " * 3000,
+            "x_note": "\ud800",
+        },  # a lone surrogate, as json.loads reads one
+        {"role": "assistant", "content": "x " * 3000, "x_counts": {1: "one", 2: "two"}},
+    ],
+    ids=["deep-json-output", "deep-json-arguments", "lone-surrogate", "non-string-keys"],
+)
+def test_values_orjson_cannot_write_are_compressed_like_any_other(odd: dict[str, Any]) -> None:
+    """A fit returns or refuses, whatever the messages hold: JSON text nested deeper than orjson
+    writes is condensed as text, and a span that orjson cannot serialize still gets its key."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "task"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "b", "type": "function", "function": {"name": "q", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "b", "content": "ok " * 3000},
+        odd,
+        *([{"role": "tool", "tool_call_id": "c", "content": "done"}] if odd.get("tool_calls") else []),
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "next question"},
+    ]
+    if odd.get("x_note"):
+        odd["x_note"] = json.loads('"\\ud800"')
+    for budget in (1500, 600, 200):
+        try:
+            result = fit(messages, model="gpt-4o", budget_tokens=budget)
+        except ContextBudgetExceeded:
+            continue
+        assert result.tokens_after <= budget
