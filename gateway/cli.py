@@ -149,7 +149,11 @@ def startup_line(settings: Settings, config_path: str | None) -> str:
     )
 
 
-def _read_request(path: str) -> dict[str, Any]:
+def _read_request(path: str, model: str) -> dict[str, Any]:
+    """The body in the file, held to what the gateway's route accepts (with `model` as its model)."""
+    from gateway.errors import GatewayError
+    from gateway.wire.chat import validate_chat_body
+
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
         data = orjson.loads(raw)
@@ -158,9 +162,13 @@ def _read_request(path: str) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON: {exc}") from None
     if isinstance(data, list):
-        return {"messages": data}
+        data = {"messages": data}
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise InputError(f"{path} must hold a chat-completions body or a list of messages")
+    try:
+        validate_chat_body({**data, "model": model})
+    except GatewayError as exc:
+        raise InputError(f"{path}: {exc.message}") from None
     return data
 
 
@@ -169,7 +177,7 @@ def _compress(args: argparse.Namespace) -> int:
     from gateway.settings import BudgetSettings
     from gateway.tokens.counter import counter_for
 
-    body = _read_request(args.file)
+    body = _read_request(args.file, args.model)
     counter = counter_for(args.model)
     tokens = counter.request(body)
     fixed = tokens - counter.messages(body["messages"])
@@ -227,7 +235,7 @@ def _count(args: argparse.Namespace) -> int:
     from gateway.tokens.windows import WindowResolver
 
     settings = load_settings(args.config)
-    body = _read_request(args.file)
+    body = _read_request(args.file, args.model)
     counter = counter_for(args.model)
     if args.verbose:
         for index, message in enumerate(body["messages"]):

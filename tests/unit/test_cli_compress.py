@@ -126,3 +126,23 @@ def test_compress_calls_a_summarizer_when_given_its_url(
         m["content"] for m in orjson.loads(captured.out)["messages"] if "what they held" in m["content"]
     )
     assert fake.calls == 1 and "\nNotes: " in marker and "summary within" in captured.err.decode()
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ('[1, "x", null]', "'messages[0]': expected an object"),
+        ('{"messages": [{"role": "wizard", "content": "hi"}]}', "messages[0].role"),
+    ],
+    ids=["not-objects", "unknown-role"],
+)
+def test_compress_names_what_the_gateway_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, named: str
+) -> None:
+    """A dry run holds the body to what the route accepts: a clean message, never a traceback,
+    and never exit 1, which means "cannot fit"."""
+    request = tmp_path / "bad.json"
+    request.write_text(content)
+    assert main(["compress", "--model", "gpt-4o", "--budget", "100", str(request)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
