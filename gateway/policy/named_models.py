@@ -12,14 +12,17 @@ lenient upstream might still find a model in it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 import orjson
-from python_multipart import FormParser
-from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import Field, File, MultipartState, parse_options_header
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from gateway.errors import GatewayError
+
+if TYPE_CHECKING:  # defined for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 
@@ -85,42 +88,57 @@ def _form_models(body: bytes, content_type: str, media: str) -> list[str]:
     boundary = options.get(b"boundary")
     if not boundary:
         raise GatewayError(400, "A multipart/form-data body needs a boundary in its Content-Type.")
-    models: list[str] = []
-    purposes: list[bytes] = []
-    files: list[bytes] = []
-
-    def on_field(field: Field) -> None:
-        if field.field_name == b"model":
-            models.append((field.value or b"").decode("utf-8", errors="replace"))
-        elif field.field_name == b"purpose":
-            purposes.append(field.value or b"")
-
-    def on_file(file: File) -> None:
-        file.file_object.seek(0)
-        if file.field_name == b"model":  # a model sent as a file part is still read by the upstream
-            models.append(file.file_object.read().decode("utf-8", errors="replace"))
-        elif file.field_name == b"file":
-            files.append(file.file_object.read())
-        file.close()
-
-    # Files stay in memory: the body is already there, within the pass-through body limit.
-    parser = FormParser(
-        "multipart/form-data",
-        on_field,
-        on_file,
-        boundary=boundary,
-        config={"MAX_MEMORY_FILE_SIZE": len(body) + 1, "MAX_BODY_SIZE": len(body) + 1},
-    )
+    parts = _Parts()
+    parser = MultipartParser(boundary, parts.callbacks())
     try:
         parser.write(body)
         parser.finalize()
-    except (FormParserError, ValueError):
+    except (MultipartParseError, ValueError):
         complete = False
     else:  # a body cut inside a part (a `model` the upstream might read) ends in another state
-        complete = getattr(parser.parser, "state", None) == MultipartState.END
+        complete = parser.state == MultipartState.END
     if not complete:
         raise GatewayError(400, "The multipart/form-data body is malformed or incomplete.")
-    if b"batch" in purposes:  # a batch input file: the models its requests will run on
-        for content in files:
+    models = [value.decode("utf-8", errors="replace") for value in parts.values(b"model")]
+    if b"batch" in parts.values(b"purpose"):  # a batch input file: the models its requests run on
+        for content in parts.values(b"file"):
             models += _batch_models(content)
     return models
+
+
+class _Parts:
+    """A multipart body's parts by name, as where their bytes lie in it: nothing is copied (an
+    upload may be hundreds of megabytes) until a part's value is asked for."""
+
+    def __init__(self) -> None:
+        self.spans: dict[bytes, list[list[tuple[bytes, int, int]]]] = {}
+        self._field = bytearray()
+        self._value = bytearray()
+        self._name: bytes | None = None
+
+    def values(self, name: bytes) -> list[bytes]:
+        return [b"".join(data[start:end] for data, start, end in part) for part in self.spans.get(name, [])]
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self._part_begin,
+            "on_header_field": lambda data, start, end: self._field.extend(data[start:end]),
+            "on_header_value": lambda data, start, end: self._value.extend(data[start:end]),
+            "on_header_end": self._header_end,
+            "on_part_data": self._part_data,
+        }
+
+    def _part_begin(self) -> None:
+        self._name = None
+
+    def _header_end(self) -> None:
+        if bytes(self._field).strip().lower() == b"content-disposition":
+            self._name = parse_options_header(bytes(self._value))[1].get(b"name")
+            if self._name is not None:
+                self.spans.setdefault(self._name, []).append([])
+        self._field.clear()
+        self._value.clear()
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._name is not None:
+            self.spans[self._name][-1].append((data, start, end))
