@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 from starlette.requests import ClientDisconnect
@@ -211,7 +211,9 @@ def _fitted_plan(
     except ContextBudgetExceeded as exc:
         metrics.REFUSALS.inc()
         needed = exc.minimum + tokens - exc.tokens
-        output, field = _requested_output_field(chat.payload)
+        # The output the budget was reduced by, and the field the client asked for it in.
+        output = requested_output(chat.view.counted) or 0
+        field = next((name for name in _OUTPUT_FIELDS if _is_count(chat.payload.get(name), output)), "")
         param = chat.wire.prompt_field
         if output and budget == 0:  # the answer asked for takes the whole window
             param = field
@@ -241,14 +243,11 @@ def _fitted_plan(
     return Plan(orjson.dumps(body), budget, tokens, result.tokens_after + fixed, tuple(result.stages), result)
 
 
-def _requested_output_field(payload: Mapping[str, Any]) -> tuple[int, str]:
-    """The output the client asked for and the field it named it in (the larger, given two)."""
-    asked = [
-        (value, name)
-        for name in ("max_output_tokens", "max_completion_tokens", "max_tokens")
-        if isinstance(value := payload.get(name), int) and not isinstance(value, bool) and value > 0
-    ]
-    return max(asked) if asked else (0, "")
+_OUTPUT_FIELDS = ("max_output_tokens", "max_completion_tokens", "max_tokens")
+
+
+def _is_count(value: object, count: int) -> bool:
+    return type(value) is int and value == count  # `true` equals 1 but is no count
 
 
 def demand(chat: ChatRequest, plan: Plan) -> int:
