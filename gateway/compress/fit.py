@@ -1193,31 +1193,36 @@ class _Fitter:
         marker_at = {k: marker for k, _, marker in spans}
         positions: dict[int, int] = {}
         out: list[Message] = []
-        originals: list[Message | None] = []  # what each message of `out` was (None: a marker)
+        # With signed thinking only: what each message of `out` was (None: a marker, a reshaped form).
+        originals: list[Message | None] = []
+        track = self.signed_thinking
         after = self.fixed
         stages: set[str] = set()
         for unit in self.units:
             k = old_index.get(unit.start)
-            unit_messages = self.messages[unit.start : unit.end]
             if k is None:
                 for i in range(unit.start, unit.end):
                     message = protected.get(i, self.messages[i])
                     out.append(message)
                     after += self.sizes[i] if message is self.messages[i] else self.counter.message(message)
-                originals.extend(unit_messages)
+                if track:
+                    originals.extend(self.messages[unit.start : unit.end])
             elif head <= k < cut:
                 if k in marker_at:
                     positions[k] = len(out)
                     out.append(marker_at[k])
                     after += self.counter.message(marker_at[k])
-                    originals.append(None)
+                    if track:
+                        originals.append(None)
             else:
                 stages |= self._stages_of(k, levels[k])
                 form, tokens = self.form(k, levels[k])
                 out.extend(form)
                 after += tokens
-                originals.extend(unit_messages if len(form) == len(unit_messages) else [None] * len(form))
-        if self.signed_thinking:
+                if track:
+                    same = len(form) == unit.end - unit.start
+                    originals.extend(self.messages[unit.start : unit.end] if same else [None] * len(form))
+        if track:
             for index, message in unpinned(out, originals, self.counter.message).items():
                 after += self.counter.message(message) - self.counter.message(out[index])
                 out[index] = message

@@ -74,9 +74,15 @@ def _blocks(message: Message) -> list[Mapping[str, Any]]:
 
 
 def starts_with_thinking(message: Message) -> bool:
-    """An assistant turn as the Messages API requires it before the final tool results."""
-    blocks = _blocks(message)
-    return bool(blocks) and blocks[0].get("type") in SIGNED_THINKING
+    """An assistant turn as the Messages API requires it before the final tool results. (Asked
+    of every message of every fit: it reads as far as the first block, no further.)"""
+    content = message.get("content")
+    first = (
+        next((block for block in content if isinstance(block, Mapping)), None)
+        if isinstance(content, list)
+        else None
+    )
+    return first is not None and first.get("type") in SIGNED_THINKING
 
 
 def _answers(block: Mapping[str, Any], calls: Mapping[str, Any]) -> bool:
