@@ -20,6 +20,7 @@ import asyncio
 import logging
 import logging.config
 import os
+import re
 import select
 import sys
 import time
@@ -195,12 +196,12 @@ def _text(value: Any) -> str:
         text = ",".join(str(v) for v in value)
     else:
         text = str(value).lower() if isinstance(value, bool) else str(value)
-    if not text or any(mark in text for mark in _NEEDS_QUOTES):
+    if not text or _NEEDS_QUOTES.search(text):
         return orjson.dumps(text).decode()
     return text
 
 
-_NEEDS_QUOTES = (" ", "=", '"', "\\")
+_NEEDS_QUOTES = re.compile(r'[ ="\\]')  # one scan per field of every request line
 
 
 def logging_config(log_format: str, level: str) -> dict[str, Any]:

@@ -179,8 +179,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._write_refusal(self._refusal or 400, self._refusal_message)
 
     def _offers_upgrade_with_body(self) -> bool:
-        upgrade = self._get_upgrade()
-        if upgrade is None or self._should_upgrade():
+        # The parser's flag first (C, no header scan), as uvicorn does: this runs on every request.
+        if not self.parser.should_upgrade() or self._get_upgrade() is None or self._should_upgrade():
             return False
         declared = dict(self.headers)
         length = declared.get(b"content-length", b"0").strip()
