@@ -157,6 +157,7 @@ from gateway.tokens.formats import compact_json
 Message = Mapping[str, Any]
 Form = tuple[Message, ...]
 Transform = Callable[[Message, float], Message]  # (message, its chars per token) -> message
+Trimmed = tuple[int, dict[int, Message]]  # a prompt's size with protected messages trimmed, and those
 
 # A trim rung is computed only if its estimate is within this factor of the budget
 # (the estimate only filters and places rungs; what is kept is always counted exactly).
@@ -1049,7 +1050,7 @@ class _Fitter:
         shrunk: dict[int, Message] = {}  # the groups before, at their smallest form
         best = self.before
 
-        def trimmed_to(group: list[int], cap: int) -> tuple[int, dict[int, Message]]:
+        def trimmed_to(group: list[int], cap: int) -> Trimmed:
             """The prompt's size with `group` trimmed to `cap` (and the groups before at their
             smallest), and every trimmed message."""
             trimmed = {i: self._shrink_protected(i, cap) for i in group if self.sizes[i] > cap}
@@ -1060,20 +1061,54 @@ class _Fitter:
         for group in (first, last):
             if not group:
                 continue
-            # Largest cap first, each tried: a trim near the floor is rescaled up to reach it and
-            # can come out larger than at the cap above, so a smaller cap is no surer to fit.
-            smallest: tuple[int, dict[int, Message]] | None = None
-            for cap in self._trim_caps(group):
-                total, trimmed = trimmed_to(group, cap)
-                if total <= self.target:
-                    cut = self._refilled(levels, self.target - total)
-                    return self._result(levels, head=0, cut=cut, protected=trimmed, accounts=False)
-                if smallest is None or total < smallest[0]:
-                    smallest = (total, trimmed)
-            if smallest is not None:
-                best = min(best, smallest[0])
-                shrunk = smallest[1]  # the next group is trimmed beside this one's smallest form
+            caps = self._trim_caps(group)
+            # The first cap tried: the largest at which the group, each message at most the cap,
+            # would fit beside the groups before.
+            settled = sum(self.counter.message(m) - self.sizes[i] for i, m in shrunk.items())
+            start = next(
+                (
+                    k
+                    for k, cap in enumerate(caps)
+                    if self.base + marker + settled + sum(min(0, cap - self.sizes[i]) for i in group)
+                    <= self.target
+                ),
+                len(caps) - 1,
+            )
+            fitting, smallest = self._scan_caps(caps, start, partial(trimmed_to, group))
+            if fitting is not None:
+                total, trimmed = fitting
+                cut = self._refilled(levels, self.target - total)
+                return self._result(levels, head=0, cut=cut, protected=trimmed, accounts=False)
+            best = min(best, smallest[0])
+            shrunk = smallest[1]  # the next group is trimmed beside this one's smallest form
         raise ContextBudgetExceeded(self.before, self.budget, best, ALL_STAGES)
+
+    def _scan_caps(
+        self, caps: list[int], start: int, trim: Callable[[int], Trimmed]
+    ) -> tuple[Trimmed | None, Trimmed]:
+        """The trim at the largest of `caps` that fits (None: none did), and the smallest tried.
+
+        From `caps[start]`, caps are tried upward while they fit (a trim of text with few
+        informative lines comes out well under its cap), or else downward until one fits: a
+        trim near the floor is rescaled up to reach it and can come out larger than at the
+        cap above, so a smaller cap is no surer to fit. Each trim condenses the whole
+        message: a message of megabytes is so condensed two or three times, not once per
+        halving from its own size (nine times for 2 MB into 4k tokens).
+        """
+        tried = {start: trim(caps[start])}
+        if tried[start][0] <= self.target:
+            k = start
+            while k > 0:
+                tried[k - 1] = trim(caps[k - 1])
+                if tried[k - 1][0] > self.target:
+                    break
+                k -= 1
+            return tried[k], tried[k]
+        for k in range(start + 1, len(caps)):
+            tried[k] = trim(caps[k])
+            if tried[k][0] <= self.target:
+                return tried[k], tried[k]
+        return None, min(tried.values(), key=lambda attempt: attempt[0])
 
     def _trim_caps(self, group: list[int]) -> list[int]:
         """Caps to trim `group` to, largest first: three quarters of its largest message, then
