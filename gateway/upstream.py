@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, ParamSpec
 
@@ -121,8 +122,15 @@ class UpstreamReply:
         becomes the gateway's own 504 or 502 rather than an unhandled error."""
         if self.buffered_body is not None:
             return self.buffered_body
+        return b"".join([chunk async for chunk in self.read_chunks(idle_timeout)])
+
+    async def read_chunks(self, idle_timeout: float) -> AsyncGenerator[bytes, None]:
+        """The body as it arrives, for the gateway to read before answering: a body that stalls
+        or breaks becomes the gateway's own 504 or 502."""
         try:
-            chunks = [chunk async for chunk in self.iter_body(idle_timeout)]
+            async with aclosing(self.iter_body(idle_timeout)) as body:
+                async for chunk in body:
+                    yield chunk
         except TimeoutError:
             raise upstream_timeout(
                 f"The upstream stopped sending its answer for more than {idle_timeout:g} s "
@@ -132,7 +140,6 @@ class UpstreamReply:
             raise upstream_broken(
                 f"The upstream connection broke in the middle of the answer ({type(exc).__name__})."
             ) from None
-        return b"".join(chunks)
 
     def iter_body(self, idle_timeout: float) -> AsyncGenerator[bytes, None]:
         assert self.response is not None

@@ -2,9 +2,9 @@
 
 A team held to an allow-list must not reach another model through any route: embeddings and
 moderations name it in a JSON body, audio transcriptions and image edits in a form field,
-Anthropic's Message Batches in each request's params, and OpenAI's batches in the input file
-uploaded for them (`purpose=batch`, one request per line; files sent in parts through the
-Uploads API are not read, and their batches are not checked). The whole body is read as the
+Anthropic's Message Batches in each request's params, and OpenAI's batches in their input file
+(`purpose=batch`, one request per line: read as it is uploaded, and again where a batch uses it,
+gateway.policy.batch_input). The whole body is read as the
 upstream would read it (JSON may open with any amount of whitespace; a form may repeat a
 field), and a body that claims a JSON or form shape but cannot be read as one is refused: a
 lenient upstream might still find a model in it.
@@ -64,17 +64,20 @@ def _batch_models(lines: bytes) -> list[str]:
     """The models of a batch input file (JSON Lines, each with the request's `body`)."""
     models: list[str] = []
     for number, line in enumerate(lines.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            request = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            message = f"Line {number} of the batch file is not valid JSON."
-            raise GatewayError(400, message, param="file") from None
-        body = request.get("body") if isinstance(request, dict) else None
-        if isinstance(body, dict):
-            models += _model_of(body, f"file: line {number}: body.model")
+        models += batch_line_models(line, number, param="file")
     return models
+
+
+def batch_line_models(line: bytes, number: int, *, param: str) -> list[str]:
+    """The model line `number` of a batch input file names (`param`: where the file came from)."""
+    if not line.strip():
+        return []
+    try:
+        request = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise GatewayError(400, f"Line {number} of the batch file is not valid JSON.", param=param) from None
+    body = request.get("body") if isinstance(request, dict) else None
+    return _model_of(body, f"{param}: line {number}: body.model") if isinstance(body, dict) else []
 
 
 def _form_models(body: bytes, content_type: str, media: str) -> list[str]:

@@ -9,6 +9,7 @@ team with a model allow-list, every ``model`` the body names (JSON or form) chec
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -17,6 +18,7 @@ from yarl import URL
 from gateway.chat_request import body_too_large, read_body
 from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
+from gateway.policy.batch_input import creates_batch, input_file_id, input_file_models
 from gateway.policy.enforcer import Team
 from gateway.policy.named_models import models_named
 from gateway.proxy_headers import client_query, to_client, to_upstream, upstream_query
@@ -25,6 +27,8 @@ from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
 from gateway.server.protocol import client_gone
 
+# What described the client's body, not the body-less request that fetches a batch's input file.
+_BODY_HEADERS = frozenset({"content-length", "content-type", "transfer-encoding", "expect"})
 # Bodies up to this size are buffered so the request can be retried; larger ones stream.
 RETRYABLE_BODY_LIMIT = 1024 * 1024
 
@@ -57,6 +61,8 @@ async def relay_unchanged(
         whole = await read_body(request, limit)
         for model in models_named(whole, request.headers.get("content-type", "")):
             runtime.policy.check_model(team, model)
+        if creates_batch(request.method, request.scope["path"]):
+            await _check_batch_input(request, team, input_file_id(whole), limit)
         has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
         body = whole if has_body else None
     else:
@@ -101,6 +107,39 @@ async def relay_unchanged(
         response = RelayStream(reply.iter_body(idle), status_code=reply.status)
     response.raw_headers = headers
     return response
+
+
+async def _check_batch_input(request: Request, team: Team, file_id: str, max_line_bytes: int) -> None:
+    """Every model the batch's input file names is one the team may use: the file is read from
+    the upstream with the team's credentials (gateway.policy.batch_input)."""
+    runtime: Runtime = request.app.state.runtime
+    api_key = runtime.upstream_key(team)
+    query = upstream_query(client_query(request.scope), api_key=api_key, strip_credentials=True)
+    headers = to_upstream(
+        request.headers, api_key=api_key, request_id=request.state.request_id, strip_credentials=True
+    )
+    reply = await runtime.upstream.send(
+        "GET",
+        runtime.upstream.url_for(f"/v1/files/{file_id}/content", query),
+        [(name, value) for name, value in headers if name.lower() not in _BODY_HEADERS],
+        None,
+        gateway_credentials=True,
+    )
+    if reply.status != 200 or reply.response is None:
+        reply.close()
+        raise GatewayError(
+            502 if reply.status >= 500 else 400,
+            f"The batch's input file {file_id!r} could not be read from the upstream (HTTP "
+            f"{reply.status}) to check the models it names.",
+            param="input_file_id",
+        )
+    idle = runtime.settings.upstream.timeouts.idle
+    async with (
+        aclosing(reply.read_chunks(idle)) as chunks,
+        aclosing(input_file_models(chunks, max_line_bytes)) as models,
+    ):
+        async for model in models:
+            runtime.policy.check_model(team, model)
 
 
 async def _request_body(request: Request, limit: int) -> bytes | _Upload | None:

@@ -20,6 +20,9 @@ Routes
     POST   /api/show, GET /api/ps         Ollama's native API, when `ollama_models` is set
     GET    /props                         llama.cpp's server properties, when `llamacpp_props` is set
     DELETE /v1/files/{id}
+    GET    /v1/files/{id}/content  a file of `files` (uploaded by any route), else OpenAI's 404
+    POST   /v1/batches            a batch over a `files` entry: input_file_id, endpoint and
+                                  completion_window checked as OpenAI does; answers `validating`
     anything else                 404 "Invalid URL (METHOD /path)"; a known path with
                                   the wrong method gets 405 "Invalid method for URL (...)"
 
@@ -123,6 +126,8 @@ class FakeUpstream:
     /api/ps entry>, or only one}}. Empty: /api/* answers 404 like any non-Ollama server."""
     llamacpp_props: dict[str, Any] | None = None
     """llama.cpp's GET /props body; None: 404."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Stored files by id, as if uploaded (a batch's input file: JSON Lines)."""
     log_requests: bool = True
     """Keep every request in `received`; off for long benchmark runs, where it would grow without bound."""
 
@@ -414,6 +419,40 @@ def delete_file(fake: FakeUpstream, call: Call) -> Reply:
     return json_reply(200, {"id": call.path_params["file_id"], "object": "file", "deleted": True})
 
 
+def file_content(fake: FakeUpstream, call: Call) -> Reply:
+    file_id = call.path_params["file_id"]
+    if file_id not in fake.files:
+        return _error(404, f"No such File object: {file_id}", param="id")
+    return Reply(200, fake.files[file_id], content_type="application/octet-stream")
+
+
+BATCH_ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions")
+
+
+def create_batch(fake: FakeUpstream, call: Call) -> Reply:
+    body = call.json
+    if not isinstance(body, dict):
+        return _error(400, errors.BAD_JSON)
+    file_id = body.get("input_file_id")
+    if not isinstance(file_id, str) or file_id not in fake.files:
+        return _error(400, f"Invalid 'input_file_id': {file_id!r}.", param="input_file_id")
+    if body.get("endpoint") not in BATCH_ENDPOINTS:
+        return _error(400, f"Invalid 'endpoint': {body.get('endpoint')!r}.", param="endpoint")
+    if body.get("completion_window") != "24h":
+        message = f"Invalid 'completion_window': {body.get('completion_window')!r}."
+        return _error(400, message, param="completion_window")
+    batch = {
+        "id": f"batch_{uuid.uuid4().hex}",
+        "object": "batch",
+        "endpoint": body["endpoint"],
+        "input_file_id": file_id,
+        "completion_window": "24h",
+        "status": "validating",
+        "created_at": int(time.time()),
+    }
+    return json_reply(200, batch)
+
+
 def invalid_url(fake: FakeUpstream, call: Call) -> Reply:
     if call.path.startswith("/v1/messages"):  # Anthropic's host answers in its own shape
         return _anthropic_error(404, "not_found_error", "Not Found")
@@ -618,6 +657,8 @@ def create_app(fake: FakeUpstream) -> Starlette:
             route("/v1/models", {"GET": list_models}),
             route("/v1/models/{model:path}", {"GET": retrieve_model}),
             route("/v1/files/{file_id}", {"DELETE": delete_file}),
+            route("/v1/files/{file_id}/content", {"GET": file_content}),
+            route("/v1/batches", {"POST": create_batch}),
             route("/api/show", {"POST": ollama_show}),
             route("/api/ps", {"GET": ollama_ps}),
             route("/props", {"GET": llamacpp_props}),

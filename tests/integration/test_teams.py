@@ -714,6 +714,53 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
     assert [request.path for request in fake_upstream.received] == ["/v1/audio/transcriptions", "/v1/files"]
 
 
+def test_a_batch_runs_only_on_models_the_team_may_use_wherever_its_file_came_from(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """A batch's input file names its models, and it may reach the upstream by a route the gateway
+    cannot read as a whole (the Uploads API in parts) or from a client with the same upstream key:
+    creating the batch reads the file from the upstream, with the team's key, and checks it."""
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-*"])
+    sdk = client(url)
+
+    def batch_file(*models: str) -> bytes:
+        lines = [
+            {"custom_id": str(n), "method": "POST", "url": "/v1/embeddings", "body": {"model": m}}
+            for n, m in enumerate(models)
+        ]
+        return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
+
+    fake_upstream.files["file-allowed"] = batch_file("text-embedding-3-small", "text-embedding-3-large")
+    # The forbidden request far into the file, past any first chunk the upstream sends.
+    fake_upstream.files["file-mixed"] = batch_file(*["text-embedding-3-small"] * 2000, "gpt-5-forbidden")
+    create = {"endpoint": "/v1/embeddings", "completion_window": "24h"}
+
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk.batches.create(input_file_id="file-mixed", **create)  # type: ignore[arg-type]
+    assert refused.value.code == "model_not_found" and "gpt-5-forbidden" in refused.value.message
+    fetched = fake_upstream.received[-1]
+    assert (fetched.method, fetched.path) == ("GET", "/v1/files/file-mixed/content")
+    assert fetched.headers["authorization"] == f"Bearer {UPSTREAM_KEY}" and KEY not in str(fetched.headers)
+    assert "content-length" not in fetched.headers
+
+    batch = sdk.batches.create(input_file_id="file-allowed", **create)  # type: ignore[arg-type]
+    assert batch.status == "validating" and batch.input_file_id == "file-allowed"
+    assert [r.path for r in fake_upstream.received[-2:]] == ["/v1/files/file-allowed/content", "/v1/batches"]
+
+    sent = len(fake_upstream.received)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for file_id in ("../chat/completions", "file-x?purpose=y", 7, None):
+        answer = httpx.post(url + "/batches", json={"input_file_id": file_id, **create}, headers=auth)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "input_file_id"
+    assert len(fake_upstream.received) == sent  # nothing reached the upstream
+    missing = httpx.post(url + "//batches/", json={"input_file_id": "file-gone", **create}, headers=auth)
+    assert missing.status_code == 400 and "HTTP 404" in missing.json()["error"]["message"]
+    assert fake_upstream.received[-1].path == "/v1/files/file-gone/content"
+    # A team without a list creates batches without the gateway reading anything.
+    other = client(url, OTHER_KEY).batches.create(input_file_id="file-mixed", **create)  # type: ignore[arg-type]
+    assert other.status == "validating" and fake_upstream.received[-1].path == "/v1/batches"
+
+
 def test_fail_open_replicas_each_take_their_share(
     fake_upstream: FakeUpstream,
     start_gateway: GatewayFactory,

@@ -1,13 +1,20 @@
-"""The models a pass-through body names, read as the upstream reads the body."""
+"""The models a pass-through body names, read as the upstream reads the body, and the models of
+a batch's input file, read as it streams from the upstream."""
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
+from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
+from gateway.policy.batch_input import creates_batch, input_file_id, input_file_models
 from gateway.policy.named_models import models_named
 
 
@@ -59,3 +66,52 @@ def test_a_body_that_cannot_be_read_whole_is_refused(body: bytes, content_type: 
     with pytest.raises(GatewayError) as refused:
         models_named(body, content_type)
     assert refused.value.status == 400
+
+
+async def _file_models(chunks: list[bytes], max_line: int = 1 << 20) -> list[str]:
+    async def stream() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    return [model async for model in input_file_models(stream(), max_line)]
+
+
+@given(
+    models=st.lists(st.text(min_size=1, max_size=12), max_size=8),
+    blank=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=6),
+)
+def test_a_batch_file_streamed_in_any_chunks_names_what_it_names_whole(
+    models: list[str], blank: bool, cuts: list[int]
+) -> None:
+    """The input file of a batch arrives in chunks that split lines (and UTF-8 characters) anywhere:
+    read as it streams, it names the models it names read whole, the last line with or without its
+    line break."""
+    lines = [orjson.dumps({"custom_id": str(n), "body": {"model": m}}) for n, m in enumerate(models)]
+    whole = (b"\n\n" if blank else b"\n").join(lines)
+    points = sorted({min(cut, len(whole)) for cut in cuts})
+    chunks = [whole[a:b] for a, b in zip([0, *points], [*points, len(whole)], strict=True)]
+    assert asyncio.run(_file_models(chunks)) == models
+    assert asyncio.run(_file_models([whole + b"\n"])) == models
+
+
+def test_a_batch_file_line_that_is_not_json_or_too_long_is_refused_naming_the_file() -> None:
+    good = b'{"body": {"model": "a"}}\n'
+    with pytest.raises(GatewayError) as bad:
+        asyncio.run(_file_models([good, b"{not json\n", good]))
+    assert bad.value.param == "input_file_id" and "Line 2 " in bad.value.message
+    with pytest.raises(GatewayError) as long:
+        asyncio.run(_file_models([good, b'{"body": {"model": "' + b"x" * 5000], max_line=1000))
+    assert long.value.param == "input_file_id" and "Line 2 " in long.value.message
+
+
+def test_a_batch_is_read_only_where_it_is_created_and_only_by_a_plain_file_id() -> None:
+    assert creates_batch("POST", "/v1/batches") and creates_batch("POST", "//v1//batches/")
+    assert not creates_batch("GET", "/v1/batches") and not creates_batch("POST", "/v1/batches/b1/cancel")
+    assert input_file_id(b' {"input_file_id": "file-Ab_9", "endpoint": "/v1/embeddings"}') == "file-Ab_9"
+    for body in (b'{"input_file_id": "../files"}', b'{"input_file_id": 3}', b"{}", b"[]", b'"file-a"'):
+        with pytest.raises(GatewayError) as refused:
+            input_file_id(body)
+        assert refused.value.status == 400 and refused.value.param == "input_file_id"
+    with pytest.raises(GatewayError):
+        input_file_id(b"input_file_id=file-a")
