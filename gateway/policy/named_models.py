@@ -1,13 +1,13 @@
 """The models a pass-through request body names, for a team's model allow-list.
 
 A team held to an allow-list must not reach another model through any route: embeddings and
-moderations name it in a JSON body, audio transcriptions and image edits in a form field,
-Anthropic's Message Batches in each request's params, and OpenAI's batches in their input file
-(`purpose=batch`, one request per line: read as it is uploaded, and again where a batch uses it,
-gateway.policy.batch_input). The whole body is read as the
-upstream would read it (JSON may open with any amount of whitespace; a form may repeat a
-field), and a body that claims a JSON or form shape but cannot be read as one is refused: a
-lenient upstream might still find a model in it.
+moderations name it in a JSON body (eval runs, graders and each request of an Anthropic Message
+Batch deeper in it: every `model` key counts), audio transcriptions and image edits in a form
+field, and OpenAI's batches in their input file (`purpose=batch`, one request per line: read as
+it is uploaded, and again where a batch uses it, gateway.policy.batch_input). The whole body
+is read as the upstream would read it (JSON may open with any amount of whitespace; a form
+may repeat a field), and a body that claims a JSON or form shape but cannot be read as one is
+refused: a lenient upstream might still find a model in it.
 """
 
 from __future__ import annotations
@@ -40,24 +40,32 @@ def models_named(body: bytes, content_type: str) -> list[str]:
         if "json" in media or body.lstrip()[:1] in (b"{", b"["):
             raise GatewayError(400, "The request body is not valid JSON.") from None
         return []  # neither JSON nor a form: raw bytes, which name no model
-    if not isinstance(payload, dict):
-        return []
-    models = _model_of(payload, "model")
-    requests = payload.get("requests")  # a Message Batch: each request's params name a model
-    for index, item in enumerate(requests if isinstance(requests, list) else []):
-        params = item.get("params") if isinstance(item, dict) else None
-        if isinstance(params, dict):
-            models += _model_of(params, f"requests[{index}].params.model")
-    return models
+    return _models_in(payload, "model")
 
 
-def _model_of(payload: dict[str, object], param: str) -> list[str]:
-    if "model" not in payload:
-        return []
-    model = payload["model"]
-    if not isinstance(model, str):
+def _models_in(payload: object, param: str) -> list[str]:
+    """Every string under a ``model`` key at any depth, in document order: besides the body's own
+    (`param`, which must be a string), each request of a Message Batch names one in its params,
+    an eval run in `data_source.model`, a grader in `grader.model`. A `model` that only labels
+    data is held to the list too: the check fails closed. Walked with a stack: JSON nests deeper
+    than Python recursion goes."""
+    if isinstance(payload, dict) and "model" in payload and not isinstance(payload["model"], str):
         raise GatewayError(400, f"'{param}' must be a string.", param=param)
-    return [model]
+    models: list[str] = []
+    stack = [payload]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            model = value.get("model")
+            if isinstance(model, str):
+                models.append(model)
+            children: list[object] = list(value.values())
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        stack.extend(child for child in reversed(children) if isinstance(child, (dict, list)))
+    return models
 
 
 def _batch_models(lines: bytes) -> list[str]:
@@ -77,7 +85,7 @@ def batch_line_models(line: bytes, number: int, *, param: str) -> list[str]:
     except orjson.JSONDecodeError:
         raise GatewayError(400, f"Line {number} of the batch file is not valid JSON.", param=param) from None
     body = request.get("body") if isinstance(request, dict) else None
-    return _model_of(body, f"{param}: line {number}: body.model") if isinstance(body, dict) else []
+    return _models_in(body, f"{param}: line {number}: body.model") if isinstance(body, dict) else []
 
 
 def _form_models(body: bytes, content_type: str, media: str) -> list[str]:

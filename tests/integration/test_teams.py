@@ -640,8 +640,9 @@ def test_every_route_keeps_to_the_team_model_list(
 def test_no_body_shape_slips_a_model_past_the_team_list(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
-    """Whatever shape names the model (JSON after any whitespace, a multipart or urlencoded form,
-    a form part sent as a file), the team's list holds; bodies without a model still pass."""
+    """Whatever shape names the model (JSON after any whitespace or deep inside, a multipart or
+    urlencoded form, a form part sent as a file), the team's list holds; bodies without a model
+    still pass."""
     url = start_team_gateway(start_gateway, None, team_name(), models=["whisper-1", "text-embedding-3-*"])
     auth = {"Authorization": f"Bearer {KEY}"}
     json_type = {**auth, "content-type": "application/json"}
@@ -671,6 +672,11 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
             url + "/embeddings",
             content=f"input=x&model={forbidden}".encode(),
             headers={**auth, "content-type": "application/x-www-form-urlencoded"},
+        ),
+        httpx.post(  # an eval run names the model it samples deeper in the body
+            url + "/evals/eval_1/runs",
+            json={"name": "r", "data_source": {"type": "responses", "model": forbidden}},
+            headers=auth,
         ),
     ]
     assert [answer.status_code for answer in attempts] == [404] * len(attempts)

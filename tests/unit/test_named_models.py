@@ -115,3 +115,19 @@ def test_a_batch_is_read_only_where_it_is_created_and_only_by_a_plain_file_id() 
         assert refused.value.status == 400 and refused.value.param == "input_file_id"
     with pytest.raises(GatewayError):
         input_file_id(b"input_file_id=file-a")
+
+
+def test_a_model_named_at_any_depth_of_a_json_body_is_read() -> None:
+    """An eval run names its model in `data_source.model`, a grader in `grader.model`, a Message
+    Batch in each request's params: read only at the top, each ran a model the list forbids."""
+    run = {"name": "r", "data_source": {"type": "completions", "model": "o3", "source": {"type": "file_id"}}}
+    assert models_named(orjson.dumps(run), "application/json") == ["o3"]
+    grader = {"grader": {"type": "score_model", "model": "gpt-5", "input": []}, "model_sample": "x"}
+    assert models_named(orjson.dumps(grader), "application/json") == ["gpt-5"]
+    batch = {"requests": [{"custom_id": str(n), "params": {"model": m}} for n, m in enumerate("ab")]}
+    assert models_named(orjson.dumps({"model": "top", **batch}), "application/json") == ["top", "a", "b"]
+    deep = b'{"a":' * 900 + b'{"model": "deep"}' + b"}" * 900  # deeper than Python recursion
+    assert models_named(deep, "application/json") == ["deep"]
+    with pytest.raises(GatewayError) as refused:
+        models_named(b'{"model": 5}', "application/json")
+    assert refused.value.param == "model"
