@@ -8,14 +8,18 @@ paired and whole:
   already have `role` and `content`; `input_text`, `input_image` and
   `input_file` parts are known to compress);
 - each run of consecutive model-side items (assistant messages, `reasoning`,
-  `function_call`, `custom_tool_call`, and any other item type, such as
-  built-in tool calls or `item_reference`) becomes ONE assistant message: its
-  content holds the message parts and the reasoning and other items as
-  blocks, its `tool_calls` the function calls. A reasoning item therefore
-  goes (stage 1 drops `reasoning` blocks) or stays whole, and is never
-  separated from the call or message it produced;
-- each `function_call_output` (`custom_tool_call_output`) becomes a `role:
-  tool` message answering its call, so the pair is one unit.
+  calls, and any other item type, such as server-run tool calls or
+  `item_reference`) becomes ONE assistant message: its content holds the
+  message parts and the reasoning and other items as blocks, its
+  `tool_calls` the calls of tools the client runs (`CALLS`: functions,
+  custom tools, and the built-in `shell`, `local_shell` and `apply_patch`,
+  whose object arguments the view holds as JSON text). A reasoning item
+  therefore goes (stage 1 drops `reasoning` blocks) or stays whole, and is
+  never separated from the call or message it produced;
+- each call's output item becomes a `role: tool` message answering it, so
+  the pair is one unit, and an agent loop of built-in tools has steps to
+  compress as one of functions does. A shell output's chunks read as one
+  text; changed, they go back as one chunk with the last one's outcome.
 
 Every part, call and output carries the index of the item it came from
 (`ORIGIN`), which survives compress's copies; `emit` writes unchanged runs
@@ -39,8 +43,26 @@ from gateway.wire.responses_memory import Conversions, Converted, Reuse
 
 ORIGIN = "x_context_gateway_origin"
 USER_SIDE_ROLES = frozenset({"user", "system", "developer"})
-CALL_ARGUMENTS = {"function_call": "arguments", "custom_tool_call": "input"}
-OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+@dataclass(frozen=True)
+class ToolKind:
+    """The items of one kind of client-run tool: the call's field holding what the model asked
+    (a string, or an object), its output item's type, and the name of a call that has none."""
+
+    arguments: str
+    output: str
+    name: str = ""
+
+
+CALLS = {
+    "function_call": ToolKind("arguments", "function_call_output"),
+    "custom_tool_call": ToolKind("input", "custom_tool_call_output"),
+    "shell_call": ToolKind("action", "shell_call_output", "shell"),
+    "local_shell_call": ToolKind("action", "local_shell_call_output", "local_shell"),
+    "apply_patch_call": ToolKind("operation", "apply_patch_call_output", "apply_patch"),
+}
+OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
 
 
 @dataclass
@@ -55,6 +77,26 @@ class _Layout:
 
 def item_type(item: Mapping[str, Any]) -> object:
     return item.get("type", "message" if "role" in item else None)
+
+
+def answered_call(output: Mapping[str, Any]) -> object:
+    """The call id an output item answers: a local shell output names it as its `id`."""
+    return output.get("id" if item_type(output) == "local_shell_call_output" else "call_id")
+
+
+def call_arguments(call: Mapping[str, Any]) -> Any:
+    """What a call asked, as the view holds it: an object (a built-in tool's action) as JSON text."""
+    value = call.get(CALLS[str(item_type(call))].arguments)
+    return orjson.dumps(value).decode() if isinstance(value, dict | list) else value
+
+
+def output_content(output: Mapping[str, Any]) -> Any:
+    """An output item's result, as the view holds it: a shell output's chunks as one text."""
+    value = output.get("output")
+    if item_type(output) == "shell_call_output":
+        chunks = [chunk for chunk in value if isinstance(chunk, Mapping)] if isinstance(value, list) else []
+        return "".join(f"{chunk.get('stdout', '')}{chunk.get('stderr', '')}" for chunk in chunks)
+    return "" if value is None else value
 
 
 def _user_side(item: object) -> bool:
@@ -143,11 +185,12 @@ class ResponsesInput:
                 yield item, origin, False, True
                 continue
             if item_type(item) in OUTPUT_TYPES:
-                if item.get("call_id") not in pending:
+                call_id = answered_call(item)
+                if call_id not in pending:
                     layout.fittable = False
                     return
-                pending.discard(item.get("call_id"))
-                message = {"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")}
+                pending.discard(call_id)
+                message = {"role": "tool", "tool_call_id": call_id, "content": output_content(item)}
                 message[ORIGIN] = i
                 origin = range(i, i + 1)
                 layout.produced[id(message)] = origin
@@ -193,8 +236,9 @@ class ResponsesInput:
                         {**part, ORIGIN: (i, j)} if isinstance(part, Mapping) else part
                         for j, part in enumerate(content)
                     ]
-            elif kind in CALL_ARGUMENTS:
-                function = {"name": item.get("name"), "arguments": item.get(CALL_ARGUMENTS[str(kind)])}
+            elif kind in CALLS:
+                name = item.get("name", CALLS[str(kind)].name)
+                function = {"name": name, "arguments": call_arguments(item)}
                 calls.append({"id": item.get("call_id"), "type": "function", "function": function, ORIGIN: i})
             else:  # reasoning (a block stage 1 drops whole) or an item compress does not know: kept whole
                 parts.append({**item, ORIGIN: i})
@@ -228,8 +272,8 @@ class ResponsesInput:
 def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
     """The items a changed run or output message stands for, with only what changed replaced."""
     if message.get("role") == "tool":
-        i = message[ORIGIN]
-        return [{**originals[i], "output": message.get("content")}]
+        original = originals[message[ORIGIN]]
+        return [{**original, "output": _output_value(original, message.get("content"))}]
     pieces: dict[int, Any] = {}
     texts: dict[int, list[Any]] = {}
     string_content: set[int] = set()
@@ -254,10 +298,45 @@ def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
     for call in message.get("tool_calls") or ():
         i = call[ORIGIN]
         original = originals[i]
-        key = CALL_ARGUMENTS[str(item_type(original))]
+        key = CALLS[str(item_type(original))].arguments
         arguments = call["function"]["arguments"]
-        pieces[i] = original if arguments == original.get(key) else {**original, key: arguments}
+        changed = arguments != call_arguments(original)
+        pieces[i] = {**original, key: _arguments_value(original.get(key), arguments)} if changed else original
     return [pieces[i] for i in sorted(pieces)]
+
+
+def _output_value(original: Mapping[str, Any], content: Any) -> Any:
+    """A changed result in its output item's shape: a shell output's as one chunk."""
+    if item_type(original) != "shell_call_output":
+        return content
+    chunks = original.get("output")
+    last = chunks[-1] if isinstance(chunks, list) and chunks else None
+    outcome = last.get("outcome") if isinstance(last, Mapping) else None
+    text = content if isinstance(content, str) else str(content)
+    return [{"stdout": text, "stderr": "", "outcome": outcome or {"type": "exit", "exit_code": 0}}]
+
+
+def _arguments_value(original: Any, arguments: Any) -> Any:
+    """Cut arguments in the call's own shape. An object (a built-in tool's action) takes back
+    only the members it had, each cut to the same kind of value, so it stays what the API
+    accepts. A text member the cut left out (a tight cut keeps an object's first members and
+    counts the rest) goes empty, no longer than the count it was weighed as; other members
+    stay. Arguments that no longer read as an object leave it as it was."""
+    if isinstance(original, str) or not isinstance(arguments, str):
+        return arguments
+    try:
+        cut = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return original
+    if not (isinstance(original, dict) and isinstance(cut, dict)):
+        return original
+
+    def member(name: str, value: Any) -> Any:
+        if name in cut and type(cut[name]) is type(value):
+            return cut[name]
+        return "" if isinstance(value, str) and name not in cut else value
+
+    return {name: member(name, value) for name, value in original.items()}
 
 
 RESPONSES = ResponsesInput()

@@ -1,8 +1,8 @@
 """Validation of an OpenAI Responses body before the gateway does any work on it.
 
 Every field the gateway reads is held to the shape the Responses API documents: `input` (a
-string or items: messages, `function_call` / `function_call_output` with their `call_id`,
-`reasoning`, or any other typed item, forwarded whole), `instructions`, `tools`,
+string or items: messages, the calls of client-run tools and their outputs with the ids that
+pair them, `reasoning`, or any other typed item, forwarded whole), `instructions`, `tools`,
 `max_output_tokens`, `stream`, and the server-state fields `previous_response_id`,
 `conversation` and `truncation`. A malformed one answers 400 with OpenAI's wording naming
 the field. Content parts share the chat validator's checks.
@@ -26,15 +26,22 @@ from gateway.wire.chat import (
 
 ROLES = ("user", "assistant", "system", "developer")
 TRUNCATIONS = ("auto", "disabled")
-# Item fields that must be strings, by item type.
+# Item fields that must be strings, and objects, by item type.
 _ITEM_STRINGS = {
     "function_call": ("call_id", "name", "arguments"),
     "custom_tool_call": ("call_id", "name", "input"),
     "function_call_output": ("call_id",),
     "custom_tool_call_output": ("call_id",),
+    "shell_call": ("call_id",),
+    "shell_call_output": ("call_id",),
+    "local_shell_call": ("call_id",),
+    "local_shell_call_output": ("id", "output"),
+    "apply_patch_call": ("call_id",),
+    "apply_patch_call_output": ("call_id",),
     "reasoning": ("id",),
     "item_reference": ("id",),
 }
+_ITEM_OBJECTS = {"shell_call": "action", "local_shell_call": "action", "apply_patch_call": "operation"}
 
 
 def validate_responses_body(payload: object, known: int = 0) -> None:
@@ -104,6 +111,21 @@ def _item(item: Any, where: str) -> None:
     for name in _ITEM_STRINGS.get(kind, ()):
         if not isinstance(item.get(name), str):
             raise invalid_type(f"{where}.{name}", item.get(name), "a string")
+    if kind in _ITEM_OBJECTS and not isinstance(item.get(_ITEM_OBJECTS[kind]), dict):
+        name = _ITEM_OBJECTS[kind]
+        raise invalid_type(f"{where}.{name}", item.get(name), "an object")
+    if kind == "shell_call_output":
+        chunks = item.get("output")
+        if not isinstance(chunks, list):
+            raise invalid_type(f"{where}.output", chunks, "an array of output chunks")
+        for number, chunk in enumerate(chunks):
+            if not isinstance(chunk, dict):
+                raise invalid_type(f"{where}.output[{number}]", chunk, "an object")
+            for stream in ("stdout", "stderr"):
+                if not isinstance(chunk.get(stream), str):
+                    raise invalid_type(f"{where}.output[{number}].{stream}", chunk.get(stream), "a string")
+    if kind == "apply_patch_call_output" and not isinstance(item.get("output"), str | None):
+        raise invalid_type(f"{where}.output", item.get("output"), "a string")
     if kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         if not isinstance(output, str | list):

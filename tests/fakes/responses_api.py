@@ -26,15 +26,15 @@ from tests.fakes.tokens import count_text
 Error = tuple[int, str, str | None, str | None]
 """(status, message, param, code) of the first problem found."""
 
-ITEM_TYPES = (
-    "message",
-    "function_call",
-    "function_call_output",
-    "reasoning",
-    "item_reference",
-    "custom_tool_call",
-    "custom_tool_call_output",
-)
+# The calls of client-run tools, each with its output item's type.
+CALL_OUTPUTS = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "shell_call": "shell_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+}
+ITEM_TYPES = ("message", "reasoning", "item_reference", *CALL_OUTPUTS, *CALL_OUTPUTS.values())
 ROLES = ("user", "assistant", "system", "developer")
 INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
 OUTPUT_PARTS = frozenset({"output_text", "refusal"})
@@ -152,6 +152,12 @@ def _check_item(index: int, item: object) -> Error | None:
         "function_call_output": ("call_id", "output"),
         "custom_tool_call": ("call_id", "name", "input"),
         "custom_tool_call_output": ("call_id", "output"),
+        "shell_call": ("call_id", "action"),
+        "shell_call_output": ("call_id", "output"),
+        "local_shell_call": ("id", "call_id", "action", "status"),
+        "local_shell_call_output": ("id", "output"),
+        "apply_patch_call": ("call_id", "operation", "status"),
+        "apply_patch_call_output": ("call_id", "status"),
         "reasoning": ("id", "summary"),
         "item_reference": ("id",),
     }[str(kind)]
@@ -159,27 +165,67 @@ def _check_item(index: int, item: object) -> Error | None:
         if name not in item:
             param = f"{where}.{name}"
             return _invalid(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-    return None
+    return _check_builtin_tool_item(where, str(kind), item)
+
+
+def _check_builtin_tool_item(where: str, kind: str, item: Mapping[str, Any]) -> Error | None:
+    """The shapes of the built-in tools' items that the API holds strictly: a shell call's commands,
+    its output's chunks, a patch's operation, a local shell output's JSON text."""
+    problem: tuple[str, str] | None = None  # (param, expected)
+    if kind == "shell_call":
+        commands = item["action"].get("commands") if isinstance(item["action"], Mapping) else None
+        if not (isinstance(commands, list) and all(isinstance(c, str) for c in commands)):
+            problem = (f"{where}.action.commands", "an array of strings")
+    elif kind == "shell_call_output":
+        chunks = item["output"]
+        if not isinstance(chunks, list):
+            problem = (f"{where}.output", "an array")
+        for n, chunk in enumerate(chunks if isinstance(chunks, list) else []):
+            if not (
+                isinstance(chunk, Mapping)
+                and isinstance(chunk.get("stdout"), str)
+                and isinstance(chunk.get("stderr"), str)
+                and isinstance(chunk.get("outcome"), Mapping)
+                and chunk["outcome"].get("type") in ("exit", "timeout")
+            ):
+                problem = (f"{where}.output[{n}]", "an object with stdout, stderr and outcome")
+                break
+    elif kind == "apply_patch_call":
+        operation = item["operation"]
+        if not (
+            isinstance(operation, Mapping)
+            and operation.get("type") in ("create_file", "update_file", "delete_file")
+            and isinstance(operation.get("path"), str)
+            and (operation["type"] == "delete_file" or isinstance(operation.get("diff"), str))
+        ):
+            problem = (f"{where}.operation", "a create_file, update_file or delete_file operation")
+    elif kind in ("apply_patch_call_output", "local_shell_call_output"):
+        optional = kind == "apply_patch_call_output" and item.get("output") is None
+        if not (optional or isinstance(item.get("output"), str)):
+            problem = (f"{where}.output", "a string")
+    if problem is None:
+        return None
+    return _invalid(f"Invalid type for '{problem[0]}': expected {problem[1]}.", problem[0], "invalid_type")
+
+
+def _answers(output: Mapping[str, Any]) -> object:
+    """The call id an output item answers: a local shell output names it as its `id`."""
+    return output.get("id" if item_type(output) == "local_shell_call_output" else "call_id")
 
 
 def _check_pairs(earlier: Sequence[Mapping[str, Any]], items: Sequence[Any]) -> Error | None:
-    calls = {
-        item.get("call_id") for item in earlier if item_type(item) in ("function_call", "custom_tool_call")
-    }
-    answered = {
-        item.get("call_id")
-        for item in (*earlier, *items)
-        if item_type(item) in ("function_call_output", "custom_tool_call_output")
-    }
+    outputs = set(CALL_OUTPUTS.values())
+    calls = {item.get("call_id") for item in earlier if item_type(item) in CALL_OUTPUTS}
+    answered = {_answers(item) for item in (*earlier, *items) if item_type(item) in outputs}
     for index, item in enumerate(items):
         kind = item_type(item)
-        if kind in ("function_call", "custom_tool_call"):
+        if kind in CALL_OUTPUTS:
             if item["call_id"] not in answered:
                 return _invalid(f"No tool output found for function call {item['call_id']}.", "input", None)
             calls.add(item["call_id"])
-        elif kind in ("function_call_output", "custom_tool_call_output") and item["call_id"] not in calls:
+        elif kind in outputs and _answers(item) not in calls:
             return _invalid(
-                f"No tool call found for function call output with call_id {item['call_id']}.", "input", None
+                f"No tool call found for function call output with call_id {_answers(item)}.", "input", None
             )
         elif kind == "reasoning":
             following = items[index + 1] if index + 1 < len(items) else None
@@ -239,6 +285,19 @@ def count_item(item: Mapping[str, Any]) -> int:
         return total + count_text(item.get("name")) + count_text(item.get("arguments") or item.get("input"))
     if kind in ("function_call_output", "custom_tool_call_output"):
         return total + _count_content(item.get("output"))
+    if kind in ("shell_call", "local_shell_call"):
+        return total + count_text(orjson.dumps(item.get("action")).decode())
+    if kind == "apply_patch_call":
+        return total + count_text(orjson.dumps(item.get("operation")).decode())
+    if kind == "shell_call_output":  # the model reads what the commands printed
+        chunks = item.get("output") if isinstance(item.get("output"), list) else []
+        return total + sum(
+            count_text(chunk.get("stdout")) + count_text(chunk.get("stderr"))
+            for chunk in chunks
+            if isinstance(chunk, Mapping)
+        )
+    if kind in ("local_shell_call_output", "apply_patch_call_output"):
+        return total + count_text(item.get("output"))
     if kind == "reasoning":
         summary = item.get("summary")
         texts = (
@@ -267,8 +326,8 @@ def truncate_to_fit(items: list[dict[str, Any]], room: int) -> list[dict[str, An
     kept = list(items)
     while kept and sum(count_item(item) for item in kept) > room:
         first = kept.pop(0)
-        if item_type(first) == "function_call":
-            kept = [item for item in kept if item.get("call_id") != first.get("call_id")]
+        if item_type(first) in CALL_OUTPUTS:
+            kept = [item for item in kept if _answers(item) != first.get("call_id")]
     return kept
 
 

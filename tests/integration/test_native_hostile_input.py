@@ -57,6 +57,8 @@ response_parts = st.one_of(
     ),
     json_values,
 )
+BUILT_IN_CALLS = ["shell_call", "local_shell_call", "apply_patch_call"]
+shell_chunks = st.fixed_dictionaries({"stdout": maybe(texts), "stderr": maybe(texts)})
 response_items = st.one_of(
     st.fixed_dictionaries(
         {
@@ -80,6 +82,24 @@ response_items = st.one_of(
         }
     ),
     st.fixed_dictionaries({"type": st.just("reasoning"), "id": maybe(ids), "summary": maybe(st.just([]))}),
+    # The built-in tools the client runs: their calls carry objects, a shell output its chunks.
+    st.fixed_dictionaries(
+        {
+            "type": st.sampled_from(BUILT_IN_CALLS),
+            "call_id": maybe(ids),
+            "id": maybe(ids),
+            "action": maybe(json_values | st.fixed_dictionaries({"commands": st.lists(texts, max_size=2)})),
+            "operation": maybe(json_values),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.sampled_from([f"{kind}_output" for kind in BUILT_IN_CALLS]),
+            "call_id": maybe(ids),
+            "id": maybe(ids),
+            "output": maybe(texts | json_values | st.lists(shell_chunks, max_size=2)),
+        }
+    ),
     json_values,
 )
 responses_bodies = st.fixed_dictionaries(

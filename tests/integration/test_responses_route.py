@@ -70,6 +70,47 @@ def test_long_stateless_tool_conversation_stays_valid(
     assert sent["input"][-1] == asked
 
 
+def test_an_agent_on_built_in_shell_and_patch_tools_is_fitted_step_by_step(
+    fake_upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    """Codex-style: the Responses API's own `shell` and `apply_patch` tools, the client running them
+    and sending back their outputs. The loop outgrows the window; each request is fitted step by
+    step and accepted as the API would, the newest step and the task whole."""
+    task = {"role": "user", "content": "Make the failing test pass."}
+    items: list[Any] = [task]
+    compressed = 0
+    for step in range(16):
+        if step % 2 == 0:
+            call = {
+                "type": "shell_call",
+                "call_id": f"call_{step}",
+                "action": {"commands": ["pytest -q"], "timeout_ms": 60_000},
+                "status": "completed",
+            }
+            chunk = {"stdout": log_line(step), "stderr": "", "outcome": {"type": "exit", "exit_code": 1}}
+            output = {"type": "shell_call_output", "call_id": f"call_{step}", "output": [chunk]}
+        else:
+            diff = "\n".join(f"-old line {k}\n+new line {k} of step {step}" for k in range(40))
+            operation = {"type": "update_file", "path": "src/app.py", "diff": diff}
+            call = {"type": "apply_patch_call", "call_id": f"call_{step}", "operation": operation}
+            call["status"] = "completed"
+            output = {"type": "apply_patch_call_output", "call_id": f"call_{step}", "status": "completed"}
+        items += [call, output]
+        tools: Any = [{"type": "shell"}, {"type": "apply_patch"}]
+        raw = sdk.responses.with_raw_response.create(
+            model=MODEL, input=items, tools=tools, max_output_tokens=300
+        )
+        assert raw.parse().status == "completed"
+        compressed += raw.headers["x-gateway-compression"] != "none"
+    assert compressed >= 8
+    sent = fake_upstream.requests_to("/v1/responses")[-1].json
+    assert responses_api.validate(sent, ResponsesState()) is None
+    assert responses_api.count_input(None, sent["input"], sent["tools"]) + 300 <= WINDOW
+    assert sent["input"][0] == task and sent["input"][-2:] == items[-2:]
+    kept = [item for item in sent["input"] if item.get("type") in ("shell_call", "apply_patch_call")]
+    assert len(kept) >= 8, "older steps keep their calls"
+
+
 def test_stream_and_byte_identical_relay(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:
     events = list(sdk.responses.create(model=MODEL, input="hello there", stream=True))
     assert events[-1].type == "response.completed"
@@ -186,6 +227,19 @@ def test_gateway_errors_name_the_field(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as truncation:
         sdk.responses.create(model=MODEL, input="x", truncation="sometimes")  # type: ignore[arg-type]
     assert truncation.value.param == "truncation"
+    # The built-in tools' items: the fields the gateway reads to pair and cut them.
+    shell = {"type": "shell_call", "call_id": "c1", "action": {"commands": ["ls"]}}
+    printed = {"type": "shell_call_output", "call_id": "c1"}
+    for items, param in (
+        ([{**shell, "action": "ls"}], "input[0].action"),
+        ([shell, {**printed, "output": "ok"}], "input[1].output"),
+        ([shell, {**printed, "output": [{"stdout": 1}]}], "input[1].output[0].stdout"),
+        ([{"type": "local_shell_call_output", "output": "{}"}], "input[0].id"),
+        ([{"type": "apply_patch_call", "call_id": "c2", "operation": []}], "input[0].operation"),
+    ):
+        with pytest.raises(openai.BadRequestError) as built_in:
+            sdk.responses.create(model=MODEL, input=items)
+        assert built_in.value.param == param
 
 
 def test_broken_stream_ends_with_a_responses_error_event(sdk: openai.OpenAI) -> None:

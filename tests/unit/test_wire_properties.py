@@ -188,7 +188,50 @@ def test_anthropic_round_trip_is_lossless() -> None:
 # --- Responses ---------------------------------------------------------------------------------
 
 
-def responses_body(seed: int, turns: int, reasoning: bool, string_parts: bool) -> dict[str, Any]:
+TOOL_KINDS = ("function_call", "custom_tool_call", "shell_call", "local_shell_call", "apply_patch_call")
+
+
+def tool_step(rng: random.Random, kind: str, call_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A call of a client-run tool of `kind` and its output item, as an agent sends them back."""
+    result = text(rng, size(rng) * 2)
+    if kind == "custom_tool_call":
+        return (
+            {"type": kind, "call_id": call_id, "name": "patch", "input": text(rng, size(rng))},
+            {"type": "custom_tool_call_output", "call_id": call_id, "output": result},
+        )
+    if kind == "shell_call":
+        action = {"commands": [text(rng, 4), "pytest -q"], "timeout_ms": 60_000}
+        failed = {"type": "exit", "exit_code": 1}
+        chunks = [
+            {"stdout": result, "stderr": text(rng, rng.choice([0, 3])), "outcome": failed}
+            for _ in range(rng.choice([1, 2]))
+        ]
+        return (
+            {"type": kind, "call_id": call_id, "action": action, "status": "completed"},
+            {"type": "shell_call_output", "call_id": call_id, "output": chunks},
+        )
+    if kind == "local_shell_call":
+        action = {"type": "exec", "command": ["bash", "-lc", text(rng, 4)], "env": {}}
+        output = orjson.dumps({"output": result}).decode()
+        call = {"type": kind, "id": f"lsh_{call_id}", "call_id": call_id, "action": action}
+        call["status"] = "completed"
+        return call, {"type": "local_shell_call_output", "id": call_id, "output": output}
+    if kind == "apply_patch_call":
+        operation = {"type": "update_file", "path": "src/app.py", "diff": text(rng, size(rng) * 2)}
+        return (
+            {"type": kind, "call_id": call_id, "operation": operation, "status": "completed"},
+            {"type": "apply_patch_call_output", "call_id": call_id, "status": "completed", "output": result},
+        )
+    arguments = orjson.dumps({"cmd": text(rng, 5)}).decode()
+    return (
+        {"type": "function_call", "call_id": call_id, "name": "run", "arguments": arguments},
+        {"type": "function_call_output", "call_id": call_id, "output": result},
+    )
+
+
+def responses_body(
+    seed: int, turns: int, reasoning: bool, string_parts: bool, builtin_tools: bool = False
+) -> dict[str, Any]:
     rng = random.Random(seed)
     items: list[dict[str, Any]] = []
     serial = 0
@@ -208,15 +251,12 @@ def responses_body(seed: int, turns: int, reasoning: bool, string_parts: bool) -
                     {"type": "reasoning", "id": f"rs_{serial}", "summary": [], "encrypted_content": "e" * 40}
                 )
             calls = [f"call_{serial}_{k}" for k in range(rng.choice([1, 1, 2]))]
-            for call_id in calls:
-                arguments = orjson.dumps({"cmd": text(rng, 5)}).decode()
-                items.append(
-                    {"type": "function_call", "call_id": call_id, "name": "run", "arguments": arguments}
-                )
-            for call_id in calls:
-                items.append(
-                    {"type": "function_call_output", "call_id": call_id, "output": text(rng, size(rng) * 2)}
-                )
+            steps = [
+                tool_step(rng, rng.choice(TOOL_KINDS) if builtin_tools else "function_call", call_id)
+                for call_id in calls
+            ]
+            items += [call for call, _ in steps]
+            items += [output for _, output in steps]
         if turn < turns - 1:
             serial += 1
             if reasoning:
@@ -254,12 +294,13 @@ def reasoning_items(body: dict[str, Any]) -> list[bytes]:
     turns=st.integers(1, 12),
     reasoning=st.booleans(),
     string_parts=st.booleans(),
+    builtin_tools=st.booleans(),
     share=st.floats(0.05, 1.2),
 )
 def test_responses_fit_is_valid_within_budget_and_keeps_items_whole(
-    seed: int, turns: int, reasoning: bool, string_parts: bool, share: float
+    seed: int, turns: int, reasoning: bool, string_parts: bool, builtin_tools: bool, share: float
 ) -> None:
-    body = responses_body(seed, turns, reasoning, string_parts)
+    body = responses_body(seed, turns, reasoning, string_parts, builtin_tools)
     assert responses_api.validate(body, ResponsesState()) is None, "the generator makes valid requests"
     pristine = copy.deepcopy(body)
     total = counter_for(GPT).request(RESPONSES.view(body).counted)
@@ -287,7 +328,7 @@ def test_responses_fit_is_valid_within_budget_and_keeps_items_whole(
 
 
 def test_responses_round_trip_is_lossless() -> None:
-    body = responses_body(11, 6, True, False)
+    body = responses_body(11, 6, True, False, builtin_tools=True)
     body["input"].insert(1, {"type": "item_reference", "id": "msg_old"})
     view = RESPONSES.view(body)
     assert RESPONSES.emit(body, view, view.messages) == body
@@ -306,3 +347,26 @@ def test_responses_unpaired_layout_is_left_alone() -> None:
     ]
     view = RESPONSES.view({"model": GPT, "input": items})
     assert not view.fittable
+
+
+def test_a_loop_of_built_in_tools_is_compressed_step_by_step() -> None:
+    """An agent on the Responses API's own shell and apply_patch tools sends calls and outputs that
+    are not function calls. Read as one opaque run, a loop of them was one message nothing could
+    cut: a request a third over its budget was refused. Each call and its output are a step."""
+    rng = random.Random(5)
+    items: list[dict[str, Any]] = [{"role": "user", "content": "Make the failing test pass."}]
+    for step in range(40):
+        kind = ("shell_call", "apply_patch_call", "local_shell_call")[step % 3]
+        items += tool_step(rng, kind, f"call_{step}")
+    body = {"model": GPT, "input": items, "instructions": "You are a coding agent."}
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    out, _ = fitted(RESPONSES, body, GPT, total // 3)
+    assert out is not None and responses_api.validate(out, ResponsesState()) is None
+    assert counter_for(GPT).request(RESPONSES.view(out).counted) <= total // 3
+    assert out["input"][-2:] == items[-2:], "the newest step goes whole"
+    assert out["input"][0] == items[0], "the task goes whole"
+    calls = [item for item in out["input"] if item.get("type") in TOOL_KINDS]
+    assert len(calls) >= 30, "older steps keep their calls (their outputs become notes)"
+    outputs = [item for item in out["input"] if item.get("type", "").endswith("_call_output")]
+    whole = [item for item in outputs if item in items]
+    assert len(outputs) == len(calls) and items[-1] in whole and len(whole) < len(outputs) / 2
