@@ -163,3 +163,22 @@ def to_responses(messages: list[Message], model: str, max_output_tokens: int = 1
     if instructions:
         body["instructions"] = instructions
     return body
+
+
+def to_responses_shell(messages: list[Message], model: str) -> dict[str, Any]:
+    """The Responses shape with every tool as the built-in `shell` a Codex-style agent runs: each
+    call's arguments as its command, each result as what the command printed."""
+    body = to_responses(messages, model)
+    items: list[Message] = []
+    for item in body["input"]:
+        if item.get("type") == "function_call":
+            action = {"commands": [item["arguments"]], "timeout_ms": 60_000}
+            item = {"type": "shell_call", "call_id": item["call_id"], "action": action, "status": "completed"}
+        elif item.get("type") == "function_call_output":
+            output = item["output"]
+            if not isinstance(output, str):
+                output = "\n".join(str(part.get("text", "")) for part in output if isinstance(part, dict))
+            chunk = {"stdout": output, "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}
+            item = {"type": "shell_call_output", "call_id": item["call_id"], "output": [chunk]}
+        items.append(item)
+    return {**body, "input": items}

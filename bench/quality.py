@@ -96,7 +96,7 @@ from bench.conversations import (
     stated,
     tiny_steps,
 )
-from bench.native_shapes import to_anthropic, to_responses
+from bench.native_shapes import to_anthropic, to_responses, to_responses_shell
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.units import PROTECTED_ROLES, is_user_input
 from gateway.settings import ConfigError, load_settings
@@ -402,6 +402,35 @@ def given_loops(paths: list[Path]) -> tuple[list[AgentLoop], list[AgentLoop], st
     return loops, loops, title
 
 
+def evaluate_shell_loops(loops: list[AgentLoop], ratio: float) -> dict[str, float]:
+    """The loops as a Codex-style agent sends them on the Responses API's built-in shell (each call
+    a `shell_call`, each result a `shell_call_output`), fitted by the gateway at the same ratio of
+    their size: the columns of `evaluate_loops` that a Responses body has (shares in %)."""
+    wire, build, validate = SHAPES["resp-shell"]
+    rows: dict[str, list[float]] = {
+        key: [] for key in ("fits", "valid", "task", "newest", "calls", "refused")
+    }
+    for loop in loops:
+        body = build(loop.messages)
+        budget = int(shape_tokens(wire, body) / ratio)
+        out = fit_shape(wire, body, budget)
+        fits = out is not None and shape_tokens(wire, out) <= budget
+        items = out["input"] if fits and out is not None else []
+        newest = {call for m in loop.messages[loop.step_starts[-1] :] for call in transcripts.call_ids(m)}
+        task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if is_user_input(m))
+        rows["refused"].append(float(out is None))
+        rows["fits"].append(float(fits))
+        rows["valid"].append(float(fits and validate(out) is None))
+        rows["task"].append(float(build([task])["input"][0] in items))
+        answers = [
+            i for i in body["input"] if i.get("type") == "shell_call_output" and i["call_id"] in newest
+        ]
+        rows["newest"].append(float(fits and all(answer in items for answer in answers)))
+        kept = {i["call_id"] for i in items if i.get("type") == "shell_call"}
+        rows["calls"].append(len(kept & set(loop.call_ids)) / len(loop.call_ids))
+    return {key: 100 * statistics.fmean(values) for key, values in rows.items()}
+
+
 def print_loops(
     methods: dict[str, Method], loops: list[AgentLoop], grown: list[AgentLoop], title: str
 ) -> None:
@@ -427,6 +456,16 @@ def print_loops(
                 f"{r['refused']:7.0f} {statistics.median(step_uses) if step_uses else 0.0:8.2f} "
                 f"{stable:6.3f}",
                 flush=True,
+            )
+        if "context-gateway" in methods:
+            r = evaluate_shell_loops(loops, ratio)
+            stable = statistics.fmean(
+                shape_stability(SHAPES["resp-shell"], loop_requests(loop), ratio) for loop in grown
+            )
+            print(
+                f"{'':>7} {'gateway, shell':<16} {r['fits']:5.0f} {r['valid']:5.0f} {r['task']:5.0f} "
+                f"{'':>5} {r['newest']:6.0f} {'':>4} {'':>5} {r['calls']:5.0f} {'':>5} "
+                f"{r['refused']:7.0f} {'':>8} {stable:6.3f}"
             )
         ceiling = statistics.fmean(prefix_ceiling(loop, ratio) for loop in grown)
         print(f"{'':>7} prefix ceiling for any method that keeps every new step whole: {ceiling:.3f}\n")
@@ -522,6 +561,12 @@ SHAPES: dict[str, Shape] = {
     "responses": (
         RESPONSES,
         lambda messages: to_responses(messages, MODEL),
+        lambda body: responses_api.validate(body, responses_api.ResponsesState()),
+    ),
+    # Every tool as the Responses API's built-in shell (shell_call / shell_call_output items).
+    "resp-shell": (
+        RESPONSES,
+        lambda messages: to_responses_shell(messages, MODEL),
         lambda body: responses_api.validate(body, responses_api.ResponsesState()),
     ),
 }
