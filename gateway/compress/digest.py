@@ -33,6 +33,7 @@ span that stays dropped yields the same bytes on every request.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from gateway.compress.transforms import error_lines
+from gateway.compress.transforms import call_request, error_lines
 from gateway.compress.units import is_user_input
 from gateway.tokens.formats import compact_json
 
@@ -279,14 +280,14 @@ def _tool_calls(message: Message) -> list[str]:
     tool_calls = message.get("tool_calls")
     if isinstance(tool_calls, list):
         for call in tool_calls:
-            function = call.get("function") if isinstance(call, Mapping) else None
-            if isinstance(function, Mapping):
-                arguments = function.get("arguments")
-                try:
-                    parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
-                except orjson.JSONDecodeError:
-                    parsed = arguments
-                calls.append((function.get("name"), parsed))
+            asked = call_request(call)
+            if asked is not None:
+                key, request, field = asked
+                arguments = parsed = request.get(field)
+                if key == "function" and isinstance(arguments, str):  # a custom tool's input is text
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        parsed = orjson.loads(arguments)
+                calls.append((request.get("name"), parsed))
     content = message.get("content")
     if isinstance(content, list):
         for part in content:

@@ -55,7 +55,7 @@ def message_texts(message: Message) -> list[str]:
         if isinstance(value, str):
             texts.append(value)
         elif isinstance(value, Mapping):
-            for key in ("text", "content", "arguments", "function", "thinking"):
+            for key in ("text", "content", "arguments", "function", "custom", "thinking"):
                 if key in value:
                     walk(value[key])
             tool_input = value.get("input")
@@ -93,9 +93,9 @@ def part_lengths(message: Message) -> list[int]:
                 lengths.append(len(compact_json(part["input"])))
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
-            lengths.append(len(function["arguments"]))
+        asked = call_request(call)
+        if asked is not None and isinstance(asked[1].get(asked[2]), str):
+            lengths.append(len(asked[1][asked[2]]))
     for key in TEXT_REASONING_FIELDS:
         if isinstance(value := message.get(key), str):
             lengths.append(len(value))
@@ -212,13 +212,25 @@ def _map_text(content: Any, fn: Callable[[str], str]) -> Any:
     return out if changed else content
 
 
+def call_request(call: Any) -> tuple[str, Mapping[str, Any], str] | None:
+    """Where a chat tool call holds its name and what it asked: `function` with JSON
+    `arguments`, or, for a custom tool (free-form input, as GPT-5's), `custom` with its `input`
+    text. (The key, that object, the field of the request.)"""
+    if isinstance(call, Mapping):
+        for key, field in (("function", "arguments"), ("custom", "input")):
+            if isinstance(value := call.get(key), Mapping):
+                return key, value, field
+    return None
+
+
 def tool_names(messages: list[Message]) -> dict[str, str]:
     """Tool call id -> tool name, from OpenAI tool_calls and Anthropic tool_use blocks."""
     names: dict[str, str] = {}
     for message in messages:
         for call in message.get("tool_calls") or ():
-            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
-                names[str(call.get("id"))] = str(call["function"].get("name", "tool"))
+            asked = call_request(call)
+            if asked is not None:
+                names[str(call.get("id"))] = str(asked[1].get("name", "tool"))
         content = message.get("content")
         if isinstance(content, list):
             for part in content:
@@ -348,20 +360,22 @@ def truncate_message(
 
 
 def _shrink_call(call: Any, max_chars: int, chars_per_token: float, fill: bool) -> Any:
-    function = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(function, Mapping):
+    asked = call_request(call)
+    if asked is None:
         return call
-    arguments = function.get("arguments")
+    key, request, field = asked
+    arguments = request.get(field)
     if not isinstance(arguments, str) or len(arguments) <= max_chars:
         return call
     # Arguments that are JSON stay JSON (a cut in the middle of it fails the providers that
     # parse them, and conversions between wire formats), at their smallest shrink if need be.
-    shrunk = condense_json(arguments, max_chars, or_smallest=True, fill=fill)
+    # A custom tool's input is free text (a patch, a query): cut as lines.
+    shrunk = None if key == "custom" else condense_json(arguments, max_chars, or_smallest=True, fill=fill)
     if shrunk is None:
-        if _is_json(arguments):
+        if key != "custom" and _is_json(arguments):
             return call
         shrunk = condense(arguments, max_chars, chars_per_token, prose=False, fill=fill)
-    return {**call, "function": {**function, "arguments": shrunk}}
+    return {**call, key: {**request, field: shrunk}}
 
 
 def _is_json(text: str) -> bool:

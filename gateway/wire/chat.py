@@ -192,6 +192,12 @@ def _tool_call(call: object, where: str) -> None:
     function = call.get("function")
     if function is not None:
         _function(function, f"{where}.function")
+    custom = call.get("custom")  # a custom tool's call: its name and free-form input
+    if custom is not None:
+        if not isinstance(custom, dict):
+            raise invalid_type(f"{where}.custom", custom, "an object")
+        check_optional(custom, "name", str, "a string", f"{where}.custom")
+        check_optional(custom, "input", str, "a string", f"{where}.custom")
 
 
 def _function(function: object, where: str) -> None:

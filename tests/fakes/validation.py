@@ -113,6 +113,15 @@ def _check_tool_calls_shape(where: str, calls: object) -> Error | None:
             return _invalid_type(f"{param}[{position}]", "an object", call)
         if "id" not in call:
             return f"Missing required parameter: '{param}[{position}].id'.", f"{param}[{position}].id"
+        # A function call names its function and passes JSON text; a custom tool's, free text.
+        kind = "custom" if call.get("type") == "custom" else "function"
+        request = call.get(kind)
+        fields = ("name", "input") if kind == "custom" else ("name", "arguments")
+        if not isinstance(request, Mapping):
+            return f"Missing required parameter: '{param}[{position}].{kind}'.", f"{param}[{position}].{kind}"
+        for field in fields:
+            if not isinstance(request.get(field), str):
+                return _invalid_type(f"{param}[{position}].{kind}.{field}", "a string", request.get(field))
     return None
 
 

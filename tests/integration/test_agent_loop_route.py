@@ -80,3 +80,23 @@ def test_tight_loop_is_compressed_not_refused(
     assert sent[1] == {"role": "user", "content": TASK}
     assert "earlier messages omitted" in str(sent[2]["content"])
     assert sent[-2:] == messages[-2:]
+
+
+def test_a_loop_of_custom_tool_calls_keeps_its_calls_through_the_route(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """GPT-5's custom tools: each call's free-form input (a patch) is cut as the calls age, so the
+    older calls stay (as calls, in their shape, which the upstream checks) instead of dropping."""
+    fake_upstream.window = WINDOW
+    url = start_gateway(GATEWAY_MODELS=MODELS)
+    messages = _loop(30)
+    for message in messages:
+        for call in message.get("tool_calls") or ():  # type: ignore[attr-defined]
+            lines = "".join(f"+    assert parse({n}) == {n}\n" for n in range(80))
+            patch = f"*** Begin Patch\n*** Update File: tests/test_parser.py\n{lines}*** End Patch"
+            call.update(type="custom", custom={"name": "apply_patch", "input": patch})
+            del call["function"]
+    _, sent = _send(url, fake_upstream, messages)
+    calls = [call for m in sent for call in m.get("tool_calls") or ()]  # type: ignore[attr-defined]
+    assert len(calls) == 30 and all(call["type"] == "custom" for call in calls)
+    assert sent[-2:] == messages[-2:]

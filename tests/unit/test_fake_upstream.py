@@ -452,11 +452,22 @@ def test_no_tool_call_without_tools(sdk: openai.OpenAI) -> None:
 
 
 def test_malformed_tool_definitions_degrade_to_an_echo(http: httpx.Client) -> None:
-    weird_call = {**calls("call_a"), "tool_calls": [{"id": "call_a", "function": "not-an-object"}]}
-    body = {"model": "m", "messages": [user(), weird_call, tool("call_a"), user("CALL_TOOL")], "tools": ["x"]}
+    messages = [user(), calls("call_a"), tool("call_a"), user("CALL_TOOL")]
+    body = {"model": "m", "messages": messages, "tools": ["x"]}
     response = http.post(CHAT, json=body)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "echo: CALL_TOOL"
+    # A call in the history is held to its shape, as the API does: a function's, or a custom tool's.
+    patch = {"id": "call_a", "type": "custom", "custom": {"name": "patch"}}
+    for call, param in (
+        ({"id": "call_a", "function": "not-an-object"}, "messages[1].tool_calls[0].function"),
+        (patch, "messages[1].tool_calls[0].custom.input"),
+    ):
+        messages[1] = {**calls("call_a"), "tool_calls": [call]}
+        refused = http.post(CHAT, json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+    messages[1] = {**calls("call_a"), "tool_calls": [{**patch, "custom": {"name": "patch", "input": "+x"}}]}
+    assert http.post(CHAT, json=body).status_code == 200
 
 
 # --- served fake: request errors ----------------------------------------------------------------------

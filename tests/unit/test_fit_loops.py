@@ -790,3 +790,29 @@ def test_a_message_a_little_over_the_floor_is_trimmed_to_it(floor: int) -> None:
     result = fit(messages, model=MODEL, budget_tokens=budget, options=options)
     assert result.tokens_after <= budget
     assert floor <= COUNTER.message(result.messages[1]) < COUNTER.message(task)  # trimmed, to the floor
+
+
+def test_custom_tool_calls_are_cut_as_text_and_keep_their_shape() -> None:
+    """GPT-5's custom tools call with free-form input (a patch), under `custom`, not `function`.
+    The input was never cut, so an aged step kept its whole patch: at a sixth of the size only 5
+    of 30 calls stayed. Now it is cut like arguments, as text, and the call keeps its shape."""
+    messages: list[dict[str, Any]] = [SYSTEM, TASK]
+    for step in range(30):
+        patch = (
+            "*** Begin Patch\n"
+            + "".join(f"+ line {n} of step {step}\n" for n in range(200))
+            + "*** End Patch"
+        )
+        call = {"id": f"call_{step}", "type": "custom", "custom": {"name": "apply_patch", "input": patch}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{step}", "content": output(step, 20)},
+        ]
+    budget = COUNTER.messages(messages) // 6
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    calls = [call for m in result.messages for call in m.get("tool_calls") or ()]
+    assert len(calls) == 30 and result.messages[-2:] == messages[-2:]
+    oldest = calls[0]["custom"]["input"]
+    assert oldest.startswith("*** Begin Patch") and "omitted" in oldest and len(oldest) < 400
+    assert all(call["type"] == "custom" and set(call["custom"]) == {"name", "input"} for call in calls)
