@@ -131,3 +131,21 @@ def test_a_model_named_at_any_depth_of_a_json_body_is_read() -> None:
     with pytest.raises(GatewayError) as refused:
         models_named(b'{"model": 5}', "application/json")
     assert refused.value.param == "model"
+
+
+def test_an_object_naming_the_model_twice_is_refused() -> None:
+    """orjson keeps the last of two equal keys; an upstream keeping the first would run a model the
+    list never saw. Written plainly or with an escape, twice in one object fails closed; once per
+    object (each request of a batch, a tool's `model` parameter) does not."""
+    for body in (
+        b'{"model": "allowed", "model": "forbidden"}',
+        b'{"model": "allowed", "mod\\u0065l": "forbidden"}',
+        b'{"requests": [{"params": {"model": "a", "model": "b"}}]}',
+    ):
+        with pytest.raises(GatewayError) as refused:
+            models_named(body, "application/json")
+        assert refused.value.status == 400 and refused.value.param == "model"
+    schema = {"model": "a", "tools": [{"parameters": {"properties": {"model": {"type": "string"}}}}]}
+    assert models_named(orjson.dumps(schema), "application/json") == ["a"]
+    with pytest.raises(GatewayError):
+        asyncio.run(_file_models([b'{"body": {"model": "a", "model": "b"}}\n']))
