@@ -28,7 +28,6 @@ from gateway.policy.answers import without_rate_limits
 from gateway.policy.chat import output_allowance, team_chat
 from gateway.policy.enforcer import Admission, Team
 from gateway.policy.limits import Usage
-from gateway.policy.named_models import refuse_a_second_model
 from gateway.policy.streams import StreamMeter, metered, usage_counts
 from gateway.proxy_headers import to_client
 from gateway.relay import (
@@ -158,8 +157,6 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
     record.model, record.stream = chat.model, chat.stream
     strip_usage = False
     if team is not None:
-        if team.settings.models is not None:
-            refuse_a_second_model(raw)
         runtime.policy.check_model(team, chat.model)
         chat, strip_usage = team_chat(team, chat, request.headers, ask_usage=dialect.wire is CHAT)
     upstream = dialect.upstream(runtime, request, team)

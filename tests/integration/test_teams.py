@@ -720,27 +720,20 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
     assert [request.path for request in fake_upstream.received] == ["/v1/audio/transcriptions", "/v1/files"]
 
 
-def test_a_prompt_naming_its_model_twice_is_refused_for_a_team_with_a_list(
+def test_a_pass_through_body_naming_its_model_twice_is_refused_for_a_team_with_a_list(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
     """The gateway reads the last of two `model` keys; an upstream reading the first would run a
-    model the list never saw. Such a body is refused where a list applies, on every route."""
-    url = start_team_gateway(start_gateway, None, team_name(), models=["gpt-4o-mini"])
-    hi = b'"messages": [{"role": "user", "content": "hi"}]'
-    twice = b'{"model": "gpt-5-forbidden", ' + hi + b', "model": "gpt-4o-mini"}'
-    json_type = {"content-type": "application/json"}
-    for path in ("/chat/completions", "/embeddings"):
-        answer = httpx.post(
-            url + path, content=twice, headers={"Authorization": f"Bearer {KEY}", **json_type}
-        )
-        assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
+    model the list never saw. Such a body is refused where a list applies."""
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-small"])
+    twice = b'{"model": "gpt-5-forbidden", "input": "hi", "mod\\u0065l": "text-embedding-3-small"}'
+    headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    answer = httpx.post(url + "/embeddings", content=twice, headers=headers)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
     assert fake_upstream.received == []
     # A team without a list is not judged by its model: the body goes on as it came.
-    answer = httpx.post(
-        url + "/chat/completions",
-        content=twice,
-        headers={"Authorization": f"Bearer {OTHER_KEY}", **json_type},
-    )
+    headers["Authorization"] = f"Bearer {OTHER_KEY}"
+    answer = httpx.post(url + "/embeddings", content=twice, headers=headers)
     assert answer.status_code == 200 and fake_upstream.received[-1].body == twice
 
 
