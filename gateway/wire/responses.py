@@ -63,6 +63,15 @@ CALLS = {
     "apply_patch_call": ToolKind("operation", "apply_patch_call_output", "apply_patch"),
 }
 OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
+# Items a reasoning model answered with after its reasoning, whose id is optional in an input: sent
+# with their id, the API requires that reasoning item too ("Item 'msg_…' of type 'message' was
+# provided without its required 'reasoning' item"); sent without, they are plain input items.
+REASONED_ID_OPTIONAL = frozenset(
+    {"message", "function_call", "custom_tool_call", "shell_call", "apply_patch_call"}
+)
+# Those whose id is required: their run's reasoning is never dropped apart from them.
+REASONED_ID_REQUIRED = frozenset({"local_shell_call", "computer_call"})
+PINNED_REASONING = "x_context_gateway_reasoning"  # a reasoning item as a block no stage drops alone
 
 
 @dataclass
@@ -221,6 +230,12 @@ class ResponsesInput:
         """One assistant message standing for the model-side items[start:end]."""
         parts: list[Any] = []
         calls: list[Any] = []
+        # An item that cannot go without its id needs its reasoning beside it: that reasoning is
+        # a block compress keeps whole (it goes only with the whole step).
+        pinned = any(
+            isinstance(item, Mapping) and item_type(item) in REASONED_ID_REQUIRED and "id" in item
+            for item in items[start:end]
+        )
         for i in range(start, end):
             item = items[i]
             if not isinstance(item, Mapping):
@@ -240,6 +255,8 @@ class ResponsesInput:
                 name = item.get("name", CALLS[str(kind)].name)
                 function = {"name": name, "arguments": call_arguments(item)}
                 calls.append({"id": item.get("call_id"), "type": "function", "function": function, ORIGIN: i})
+            elif kind == "reasoning" and pinned:
+                parts.append({**item, "type": PINNED_REASONING, ORIGIN: i})
             else:  # reasoning (a block stage 1 drops whole) or an item compress does not know: kept whole
                 parts.append({**item, ORIGIN: i})
         run: dict[str, Any] = {"role": "assistant", "content": parts}
@@ -302,7 +319,35 @@ def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
         arguments = call["function"]["arguments"]
         changed = arguments != call_arguments(original)
         pieces[i] = {**original, key: _arguments_value(original.get(key), arguments)} if changed else original
+    if _lost_reasoning(originals, pieces):
+        pieces = {i: _without_id(item) for i, item in pieces.items()}
     return [pieces[i] for i in sorted(pieces)]
+
+
+def _model_side(item: object) -> bool:
+    return isinstance(item, Mapping) and not _user_side(item) and item_type(item) not in OUTPUT_TYPES
+
+
+def _lost_reasoning(originals: Sequence[Any], kept: Mapping[int, Any]) -> bool:
+    """Whether compress dropped a reasoning item of the run whose items are `kept` (a run: the
+    longest stretch of model-side items around them)."""
+    if not kept:
+        return False
+    first, last = min(kept), max(kept)
+    while first > 0 and _model_side(originals[first - 1]):
+        first -= 1
+    while last + 1 < len(originals) and _model_side(originals[last + 1]):
+        last += 1
+    return any(
+        i not in kept and isinstance(originals[i], Mapping) and item_type(originals[i]) == "reasoning"
+        for i in range(first, last + 1)
+    )
+
+
+def _without_id(item: Any) -> Any:
+    if isinstance(item, Mapping) and "id" in item and item_type(item) in REASONED_ID_OPTIONAL:
+        return {key: value for key, value in item.items() if key != "id"}
+    return item
 
 
 def _output_value(original: Mapping[str, Any], content: Any) -> Any:

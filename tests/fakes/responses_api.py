@@ -34,7 +34,8 @@ CALL_OUTPUTS = {
     "local_shell_call": "local_shell_call_output",
     "apply_patch_call": "apply_patch_call_output",
 }
-ITEM_TYPES = ("message", "reasoning", "item_reference", *CALL_OUTPUTS, *CALL_OUTPUTS.values())
+OUTPUT_TYPES = frozenset(CALL_OUTPUTS.values())
+ITEM_TYPES = ("message", "reasoning", "item_reference", *CALL_OUTPUTS, *OUTPUT_TYPES)
 ROLES = ("user", "assistant", "system", "developer")
 INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
 OUTPUT_PARTS = frozenset({"output_text", "refusal"})
@@ -56,11 +57,28 @@ class ResponsesState:
 
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    reasoning_of: dict[str, str] = field(default_factory=dict)
+    """The reasoning item each output item with an id was produced after, by that item's id: sent
+    back with its id, an item needs that reasoning item beside it."""
 
     def store(self, response_id: str, items: list[dict[str, Any]]) -> None:
         self.responses[response_id] = items
         if len(self.responses) > MAX_STORED:
             del self.responses[next(iter(self.responses))]
+
+    def remember_reasoning(self, items: Sequence[Mapping[str, Any]]) -> None:
+        """Note which reasoning item each later item of the same model turn came after."""
+        reasoning: str | None = None
+        for item in items:
+            kind = item_type(item)
+            if kind == "reasoning":
+                reasoning = item.get("id")
+            elif kind in OUTPUT_TYPES or (kind == "message" and item.get("role") != "assistant"):
+                reasoning = None  # the client's side: the model's turn ended
+            elif reasoning is not None and isinstance(item.get("id"), str):
+                self.reasoning_of[item["id"]] = reasoning
+        while len(self.reasoning_of) > 4 * MAX_STORED:
+            del self.reasoning_of[next(iter(self.reasoning_of))]
 
 
 def _invalid(message: str, param: str | None, code: str | None = "invalid_value") -> Error:
@@ -108,7 +126,27 @@ def validate(body: object, state: ResponsesState) -> Error | None:
         error = _check_item(index, item)
         if error:
             return error
-    return _check_pairs(history(body, state), items)
+    earlier = history(body, state)
+    return _check_pairs(earlier, items) or _check_reasoned(earlier, items, state)
+
+
+def _check_reasoned(
+    earlier: Sequence[Mapping[str, Any]], items: Sequence[Mapping[str, Any]], state: ResponsesState
+) -> Error | None:
+    """An item sent back with the id of one a reasoning model produced after reasoning needs that
+    reasoning item too (sent without its id, it is plain input)."""
+    present = {item.get("id") for item in (*earlier, *items) if item_type(item) == "reasoning"}
+    for item in items:
+        item_id = item.get("id")
+        required = state.reasoning_of.get(item_id) if isinstance(item_id, str) else None
+        if required is not None and required not in present:
+            return _invalid(
+                f"Item '{item['id']}' of type '{item_type(item)}' was provided without its required "
+                f"'reasoning' item: '{required}'.",
+                "input",
+                None,
+            )
+    return None
 
 
 def _conversation_id(value: object) -> object:

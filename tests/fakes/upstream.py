@@ -275,6 +275,7 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
     output = responses_api.output_items(body, items, serial)
     if body.get("store", True) is not False:
         fake.responses_state.store(identity.id, items + output)
+        fake.responses_state.remember_reasoning(output)
     conversation = body.get("conversation")
     if conversation is not None:
         key = str(conversation.get("id") if isinstance(conversation, dict) else conversation)

@@ -70,6 +70,31 @@ def test_long_stateless_tool_conversation_stays_valid(
     assert sent["input"][-1] == asked
 
 
+def test_a_reasoning_models_history_stays_valid_when_its_reasoning_is_dropped(
+    fake_upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    """A reasoning model's answers come back with ids, and the API refuses an item sent with its
+    id but without the reasoning item it followed ("Item 'msg_…' of type 'message' was provided
+    without its required 'reasoning' item"). Compressing drops old reasoning: the items it
+    leaves go without their ids, as plain input, and every request is accepted."""
+    items: list[Any] = []
+    compressed = 0
+    for turn in range(14):
+        items.append({"role": "user", "content": f"Step {turn}: {log_line(turn)[:1500]} CALL_TOOL"})
+        raw = sdk.responses.with_raw_response.create(
+            model=MODEL, input=items, tools=[TOOL], reasoning={"effort": "low"}, max_output_tokens=300
+        )
+        reply = raw.parse()
+        compressed += "reasoning" in raw.headers["x-gateway-compression"]
+        items += [item.model_dump(exclude_none=True) for item in reply.output]
+        call = reply.output[-1]
+        assert call.type == "function_call" and items[-2]["type"] == "reasoning"
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": "ok"})
+    assert compressed >= 4
+    sent = fake_upstream.requests_to("/v1/responses")[-1].json
+    assert not any(item.get("type") == "function_call" and "id" in item for item in sent["input"][:-4])
+
+
 def test_an_agent_on_built_in_shell_and_patch_tools_is_fitted_step_by_step(
     fake_upstream: FakeUpstream, sdk: openai.OpenAI
 ) -> None:

@@ -255,7 +255,10 @@ def responses_body(
                 tool_step(rng, rng.choice(TOOL_KINDS) if builtin_tools else "function_call", call_id)
                 for call_id in calls
             ]
-            items += [call for call, _ in steps]
+            # As the API returns them: each call with an id of its own (a local shell call has one).
+            items += [
+                {"id": f"fc_{call['call_id']}", **call} if "id" not in call else call for call, _ in steps
+            ]
             items += [output for _, output in steps]
         if turn < turns - 1:
             serial += 1
@@ -301,7 +304,10 @@ def test_responses_fit_is_valid_within_budget_and_keeps_items_whole(
     seed: int, turns: int, reasoning: bool, string_parts: bool, builtin_tools: bool, share: float
 ) -> None:
     body = responses_body(seed, turns, reasoning, string_parts, builtin_tools)
-    assert responses_api.validate(body, ResponsesState()) is None, "the generator makes valid requests"
+    # The server that answered these turns: items it produced after reasoning need that reasoning.
+    server = ResponsesState()
+    server.remember_reasoning(body["input"])
+    assert responses_api.validate(body, server) is None, "the generator makes valid requests"
     pristine = copy.deepcopy(body)
     total = counter_for(GPT).request(RESPONSES.view(body).counted)
     budget = max(300, int(total * share))
@@ -315,9 +321,7 @@ def test_responses_fit_is_valid_within_budget_and_keeps_items_whole(
         return
     assert ORIGIN.encode() not in orjson.dumps(out), "bookkeeping never leaks upstream"
     assert counter_for(GPT).request(RESPONSES.view(out).counted) <= budget
-    assert responses_api.validate(out, ResponsesState()) is None, responses_api.validate(
-        out, ResponsesState()
-    )
+    assert responses_api.validate(out, server) is None, responses_api.validate(out, server)
     assert set(reasoning_items(out)) <= set(reasoning_items(body)), "reasoning kept whole or dropped"
     users = [
         i for i in out["input"] if i.get("role") == "user" and "context-gateway:" not in str(i["content"])
