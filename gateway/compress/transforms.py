@@ -108,9 +108,17 @@ def text_chars(message: Message) -> int:
 
 
 def drop_reasoning(message: Message) -> Message:
+    """The assistant message without its reasoning. A text field is emptied, not removed:
+    DeepSeek's thinking mode refuses an assistant message of the current turn that lacks
+    `reasoning_content` ("Missing `reasoning_content` field in the assistant message"), and an
+    empty one costs nothing."""
     if message.get("role") != "assistant":
         return message
-    new = {key: value for key, value in message.items() if key not in REASONING_FIELDS}
+    new = {
+        key: "" if key in TEXT_REASONING_FIELDS and isinstance(value, str) else value
+        for key, value in message.items()
+        if key not in REASONING_FIELDS or (key in TEXT_REASONING_FIELDS and isinstance(value, str))
+    }
     content = message.get("content")
     if isinstance(content, list):
         kept = [

@@ -79,7 +79,7 @@ from tests.fakes.errors import OverflowStyle
 from tests.fakes.faults import ERROR_STATUS, Fault
 from tests.fakes.responses_api import ResponsesState
 from tests.fakes.tokens import count_prompt, count_text, estimate, warm_up
-from tests.fakes.validation import validate_chat_messages
+from tests.fakes.validation import check_reasoning_passed_back, thinking_mode, validate_chat_messages
 
 FAULT_HEADER = "x-fake-fault"
 CREATED_BASE = 1_750_000_000
@@ -205,6 +205,9 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
     if invalid is not None:
         message, param = invalid
         return _error(400, message, param=param)
+    missing = check_reasoning_passed_back(body["messages"]) if thinking_mode(body) else None
+    if missing is not None:
+        return _error(400, missing)
 
     exact = fake.window is not None or call.fault in (Fault.OVERFLOW, Fault.TRUNCATE)
     prompt = count_prompt(body) if exact else estimate(call.body)

@@ -179,3 +179,28 @@ def _check_tool_use_blocks(messages: Sequence[Mapping[str, Any]]) -> Error | Non
             text = TOOL_USE_WITHOUT_RESULT.format(index=index, ids=", ".join(map(str, missing)))
             return text, f"messages.[{index}].content"
     return None
+
+
+DEEPSEEK_THINKING_MODELS = ("deepseek-reasoner", "deepseek-v4")
+MISSING_REASONING = (
+    "Missing `reasoning_content` field in the assistant message at message index {index}. For more "
+    "information, please refer to https://api-docs.deepseek.com/guides/thinking_mode#tool-calls"
+)
+
+
+def thinking_mode(body: Mapping[str, Any]) -> bool:
+    """DeepSeek's thinking mode: a reasoner model, or `thinking: {"type": "enabled"}`."""
+    thinking = body.get("thinking")
+    enabled = isinstance(thinking, Mapping) and thinking.get("type") == "enabled"
+    return enabled or str(body.get("model", "")).startswith(DEEPSEEK_THINKING_MODELS)
+
+
+def check_reasoning_passed_back(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """DeepSeek in thinking mode: every assistant message after the last user message carries
+    `reasoning_content` (empty allowed), as its tool loop needs it passed back."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    for index in range(users[-1] + 1 if users else 0, len(messages)):
+        message = messages[index]
+        if message.get("role") == "assistant" and not isinstance(message.get("reasoning_content"), str):
+            return MISSING_REASONING.format(index=index)
+    return None

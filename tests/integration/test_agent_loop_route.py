@@ -100,3 +100,26 @@ def test_a_loop_of_custom_tool_calls_keeps_its_calls_through_the_route(
     calls = [call for m in sent for call in m.get("tool_calls") or ()]  # type: ignore[attr-defined]
     assert len(calls) == 30 and all(call["type"] == "custom" for call in calls)
     assert sent[-2:] == messages[-2:]
+
+
+def test_a_deepseek_thinking_loop_is_fitted_without_losing_its_reasoning_fields(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """DeepSeek in thinking mode answers 400 for an assistant message of the current turn without
+    `reasoning_content` (the fake does as it does): aged steps keep the field, emptied."""
+    fake_upstream.window = WINDOW
+    model = "deepseek-reasoner"
+    url = start_gateway(GATEWAY_MODELS=json.dumps({model: {"context_window": WINDOW}}))
+    messages = _loop(30)
+    for message in messages:
+        if message["role"] == "assistant":
+            message["reasoning_content"] = "The tests fail in the parser; I run them again. " * 20
+    client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        max_tokens=500,  # type: ignore[arg-type]
+    )
+    assert raw.http_response.status_code == 200 and "reasoning" in raw.headers["x-gateway-compression"]
+    sent = fake_upstream.received[-1].json["messages"]
+    assert all(isinstance(m.get("reasoning_content"), str) for m in sent if m["role"] == "assistant")

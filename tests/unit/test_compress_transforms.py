@@ -151,7 +151,9 @@ def test_drop_reasoning_removes_fields_and_blocks_only() -> None:
         "x_extra": 1,
     }
     out = drop_reasoning(message)
-    assert out == {"role": "assistant", "content": [{"type": "text", "text": "answer"}], "x_extra": 1}
+    # The text field stays, empty: DeepSeek's thinking mode refuses an assistant message without it.
+    answer = [{"type": "text", "text": "answer"}]
+    assert out == {"role": "assistant", "content": answer, "reasoning_content": "", "x_extra": 1}
     assert message["reasoning_content"] == "long thoughts"  # not mutated
     only_thinking = {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}
     assert drop_reasoning(only_thinking)["content"][0]["type"] == "text"

@@ -816,3 +816,19 @@ def test_custom_tool_calls_are_cut_as_text_and_keep_their_shape() -> None:
     oldest = calls[0]["custom"]["input"]
     assert oldest.startswith("*** Begin Patch") and "omitted" in oldest and len(oldest) < 400
     assert all(call["type"] == "custom" and set(call["custom"]) == {"name", "input"} for call in calls)
+
+
+def test_a_deepseek_loop_keeps_the_reasoning_field_of_every_step_it_ages() -> None:
+    """DeepSeek's thinking mode refuses an assistant message of the current turn without
+    `reasoning_content`. Aged steps lost the field with their reasoning; it now stays, empty."""
+    messages: list[dict[str, Any]] = [SYSTEM, TASK]
+    for step in range(30):
+        thought = f"Step {step}: the parser fails on nested lists, so I grep for its callers. " * 8
+        messages += call_step(
+            "grep", '{"q": "parse"}', output(step, 30), call_id=f"call_{step}", reasoning_content=thought
+        )
+    result = fit(messages, model=MODEL, budget_tokens=COUNTER.messages(messages) // 4)
+    steps = [m for m in result.messages if m.get("role") == "assistant"]
+    assert steps and all(isinstance(m.get("reasoning_content"), str) for m in steps)
+    assert steps[0]["reasoning_content"] == "" and result.messages[-2:] == messages[-2:]
+    assert validate_chat_messages(result.messages) is None
