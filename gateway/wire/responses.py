@@ -69,8 +69,6 @@ OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
 REASONED_ID_OPTIONAL = frozenset(
     {"message", "function_call", "custom_tool_call", "shell_call", "apply_patch_call"}
 )
-# Those whose id is required: their run's reasoning is never dropped apart from them.
-REASONED_ID_REQUIRED = frozenset({"local_shell_call", "computer_call"})
 PINNED_REASONING = "x_context_gateway_reasoning"  # a reasoning item as a block no stage drops alone
 
 
@@ -232,10 +230,7 @@ class ResponsesInput:
         calls: list[Any] = []
         # An item that cannot go without its id needs its reasoning beside it: that reasoning is
         # a block compress keeps whole (it goes only with the whole step).
-        pinned = any(
-            isinstance(item, Mapping) and item_type(item) in REASONED_ID_REQUIRED and "id" in item
-            for item in items[start:end]
-        )
+        pinned = any(_needs_its_reasoning(item) for item in items[start:end])
         for i in range(start, end):
             item = items[i]
             if not isinstance(item, Mapping):
@@ -322,6 +317,16 @@ def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
     if _lost_reasoning(originals, pieces):
         pieces = {i: _without_id(item) for i, item in pieces.items()}
     return [pieces[i] for i in sorted(pieces)]
+
+
+def _needs_its_reasoning(item: object) -> bool:
+    """An item with an id it cannot go without (a local shell or computer-use call, a server-run
+    tool's call): the reasoning of its run is never dropped apart from it."""
+    return (
+        isinstance(item, Mapping)
+        and "id" in item
+        and item_type(item) not in REASONED_ID_OPTIONAL | {"reasoning", "item_reference"}
+    )
 
 
 def _model_side(item: object) -> bool:

@@ -374,3 +374,29 @@ def test_a_loop_of_built_in_tools_is_compressed_step_by_step() -> None:
     outputs = [item for item in out["input"] if item.get("type", "").endswith("_call_output")]
     whole = [item for item in outputs if item in items]
     assert len(outputs) == len(calls) and items[-1] in whole and len(whole) < len(outputs) / 2
+
+
+def test_reasoning_stays_beside_an_item_that_cannot_go_without_its_id() -> None:
+    """A server-run tool's call (web search) cannot be sent without its id, and with its id it needs
+    the reasoning it followed: that reasoning is dropped only with its whole turn."""
+    searched = [
+        {"role": "user", "content": "What changed in the release? " + text(random.Random(1), 400)},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e" * 400},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": "release"}},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_1",
+            "content": [{"type": "output_text", "text": "x"}],
+        },
+    ]
+    body = {"model": GPT, "input": [*searched, *responses_body(3, 8, True, True)["input"]]}
+    server = ResponsesState()
+    server.remember_reasoning(body["input"])
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    for share in (0.9, 0.6, 0.3):
+        out, _ = fitted(RESPONSES, body, GPT, int(total * share))
+        assert out is not None
+        ids = [item.get("id") for item in out["input"]]
+        assert ("ws_1" in ids) == ("rs_1" in ids), (share, ids[:6])
+        assert "msg_1" not in ids or "rs_1" in ids
