@@ -19,7 +19,12 @@ paired and whole:
 - each call's output item becomes a `role: tool` message answering it, so
   the pair is one unit, and an agent loop of built-in tools has steps to
   compress as one of functions does. A shell output's chunks read as one
-  text; changed, they go back as one chunk with the last one's outcome.
+  text; changed, they go back as one chunk with the last one's outcome;
+- the API refuses an item sent with the id a reasoning model gave it but
+  without the reasoning item it followed: where compress dropped a run's
+  reasoning, its other items go without their ids (plain input), and a run
+  holding an item whose id is required keeps its reasoning as a block no
+  stage drops apart from the step.
 
 Every part, call and output carries the index of the item it came from
 (`ORIGIN`), which survives compress's copies; `emit` writes unchanged runs
@@ -69,6 +74,8 @@ OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
 REASONED_ID_OPTIONAL = frozenset(
     {"message", "function_call", "custom_tool_call", "shell_call", "apply_patch_call"}
 )
+# Items that do not need their run's reasoning kept: those their id can be taken from, and these.
+UNPINNED = REASONED_ID_OPTIONAL | {"reasoning", "item_reference"}
 PINNED_REASONING = "x_context_gateway_reasoning"  # a reasoning item as a block no stage drops alone
 
 
@@ -322,11 +329,7 @@ def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
 def _needs_its_reasoning(item: object) -> bool:
     """An item with an id it cannot go without (a local shell or computer-use call, a server-run
     tool's call): the reasoning of its run is never dropped apart from it."""
-    return (
-        isinstance(item, Mapping)
-        and "id" in item
-        and item_type(item) not in REASONED_ID_OPTIONAL | {"reasoning", "item_reference"}
-    )
+    return isinstance(item, Mapping) and "id" in item and item_type(item) not in UNPINNED
 
 
 def _model_side(item: object) -> bool:
