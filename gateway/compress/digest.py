@@ -284,7 +284,7 @@ def _tool_calls(message: Message) -> list[str]:
             if asked is not None:
                 key, request, field = asked
                 arguments = parsed = request.get(field)
-                if key == "function" and isinstance(arguments, str):  # a custom tool's input is text
+                if key == "function" and isinstance(arguments, str):  # JSON; a custom tool's is text
                     with contextlib.suppress(orjson.JSONDecodeError):
                         parsed = orjson.loads(arguments)
                 calls.append((request.get("name"), parsed))

@@ -114,11 +114,12 @@ def drop_reasoning(message: Message) -> Message:
     empty one costs nothing."""
     if message.get("role") != "assistant":
         return message
-    new = {
-        key: "" if key in TEXT_REASONING_FIELDS and isinstance(value, str) else value
-        for key, value in message.items()
-        if key not in REASONING_FIELDS or (key in TEXT_REASONING_FIELDS and isinstance(value, str))
-    }
+    new: dict[str, Any] = {}
+    for key, value in message.items():
+        if key in TEXT_REASONING_FIELDS and isinstance(value, str):
+            new[key] = ""
+        elif key not in REASONING_FIELDS:
+            new[key] = value
     content = message.get("content")
     if isinstance(content, list):
         kept = [
