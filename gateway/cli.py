@@ -43,6 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     size.add_argument("--budget", type=int, help="prompt token budget to fit into")
     compress.add_argument("--aggressive", action="store_true", help="leave extra headroom")
     compress.add_argument(
+        "--markers",
+        choices=("separate", "merged"),
+        default="separate",
+        help="merged: user messages in a row, where messages were dropped, joined (compression.markers)",
+    )
+    compress.add_argument(
         "--summarizer-url", help="summarize dropped turns with this chat-completions base URL (…/v1)"
     )
     compress.add_argument("--summarizer-model", default="gpt-4o-mini", help="the summarizer's model")
@@ -174,6 +180,7 @@ def _read_request(path: str, model: str) -> dict[str, Any]:
 
 def _compress(args: argparse.Namespace) -> int:
     from gateway.compress import ContextBudgetExceeded, fit
+    from gateway.compress.markers import join_user_runs
     from gateway.settings import BudgetSettings
     from gateway.tokens.counter import counter_for
 
@@ -199,7 +206,9 @@ def _compress(args: argparse.Namespace) -> int:
     except ContextBudgetExceeded as exc:
         print(f"context-gateway: cannot fit: {exc}", file=sys.stderr)
         return 1
-    out = {**body, "messages": result.messages}
+    merged = args.markers == "merged" and result.spans
+    messages = join_user_runs(result.messages) if merged else result.messages
+    out = {**body, "messages": messages}
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
     print(
         f"model {args.model}: budget {budget} tokens; "

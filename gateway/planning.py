@@ -25,7 +25,7 @@ from gateway.tokens.counter import (
 )
 from gateway.tokens.learned_windows import Refusal
 from gateway.tokens.windows import requested_output
-from gateway.wire.fitting import fit_request
+from gateway.wire.fitting import fit_request, fitted_body
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -160,7 +160,8 @@ async def _with_summaries(
     summarized = with_summaries(result, summaries, model=chat.model)
     if summarized is result:  # (none found, or "": a span whose summary failed keeps the digest)
         return plan
-    body = orjson.dumps(chat.wire.emit(chat.payload, chat.view, summarized.messages))
+    options = runtime.settings.compression
+    body = orjson.dumps(fitted_body(chat.wire, chat.payload, chat.view, summarized, options))
     tokens_after = plan.tokens_after + summarized.tokens_after - result.tokens_after
     return Plan(body, plan.budget, plan.tokens_before, tokens_after, summarized.stages, summarized)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RESPONSES_SERVER_STATE = ("pass", "truncate_auto")
+MARKER_STYLES = ("separate", "merged")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,14 @@ class CompressionOptions:
         with the upstream's `POST /v1/responses/input_tokens` and asks the
         upstream to truncate (`truncation: "auto"`) when it does not fit, or
         when the upstream answers an overflow.
+    markers: not read by `fit` (see `join_user_runs`): how the markers of
+        dropped spans go upstream. `separate` (the default): each is a user
+        message of its own, beside a user message (strict APIs accept two in
+        a row; Anthropic merges them). `merged`: where the fit dropped
+        messages, user messages in a row (markers included) are joined into
+        one, for chat templates that refuse two in a row (Gemma's and several
+        of Mistral's, served by vLLM or llama.cpp: "Conversation roles must
+        alternate user/assistant/...").
     """
 
     tool_result_caps: tuple[int, ...] = (2048, 256)
@@ -113,6 +122,7 @@ class CompressionOptions:
     aggressive_ratio: float = 0.7
     protected_floor_tokens: int = 256
     responses_server_state: str = "pass"
+    markers: str = "separate"
 
     def __post_init__(self) -> None:
         for name in ("cut_quantum", "aggressive_ratio", "recent_steps_ratio"):
@@ -127,6 +137,8 @@ class CompressionOptions:
                 raise ValueError(f"{name} must be non-empty and decreasing")
         if self.responses_server_state not in RESPONSES_SERVER_STATE:
             raise ValueError("responses_server_state must be pass or truncate_auto")
+        if self.markers not in MARKER_STYLES:
+            raise ValueError("markers must be separate or merged")
         for name in ("tool_result_caps", "truncate_caps", "aged_step_cap", "protected_floor_tokens"):
             sizes = getattr(self, name)
             if min(sizes if isinstance(sizes, tuple) else (sizes,)) < 32:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.compress import CompressionOptions, FitResult, fit
+from gateway.compress.markers import join_user_runs
 from gateway.tokens.counter import counter_for
 from gateway.wire.base import ChatView, WireFormat
 
@@ -31,5 +32,18 @@ def fit_request(
     result = fit(
         view.messages, model=model, budget_tokens=budget - fixed, options=options, aggressive=aggressive
     )
-    body = wire.emit(payload, view, result.messages) if result.stages else None
+    body = fitted_body(wire, payload, view, result, options) if result.stages else None
     return body, result, fixed
+
+
+def fitted_body(
+    wire: WireFormat,
+    payload: Mapping[str, Any],
+    view: ChatView,
+    result: FitResult,
+    options: CompressionOptions,
+) -> dict[str, Any]:
+    """The request with the fit's messages; with `markers: merged`, where it dropped messages, user
+    messages in a row joined (gateway/compress/markers.py)."""
+    merged = options.markers == "merged" and result.spans
+    return wire.emit(payload, view, join_user_runs(result.messages) if merged else result.messages)

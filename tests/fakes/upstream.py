@@ -79,7 +79,12 @@ from tests.fakes.errors import OverflowStyle
 from tests.fakes.faults import ERROR_STATUS, Fault
 from tests.fakes.responses_api import ResponsesState
 from tests.fakes.tokens import count_prompt, count_text, estimate, warm_up
-from tests.fakes.validation import check_reasoning_passed_back, thinking_mode, validate_chat_messages
+from tests.fakes.validation import (
+    alternates,
+    check_reasoning_passed_back,
+    thinking_mode,
+    validate_chat_messages,
+)
 
 FAULT_HEADER = "x-fake-fault"
 CREATED_BASE = 1_750_000_000
@@ -126,6 +131,9 @@ class FakeUpstream:
     /api/ps entry>, or only one}}. Empty: /api/* answers 404 like any non-Ollama server."""
     llamacpp_props: dict[str, Any] | None = None
     """llama.cpp's GET /props body; None: 404."""
+    alternating_roles: bool = False
+    """Serve chat completions as vLLM does a model whose chat template needs user and assistant
+    messages to alternate after the system prompt (Gemma's): two in a row answer 400."""
     files: dict[str, bytes] = field(default_factory=dict)
     """Stored files by id, as if uploaded (a batch's input file: JSON Lines)."""
     log_requests: bool = True
@@ -208,6 +216,10 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
     missing = check_reasoning_passed_back(body["messages"]) if thinking_mode(body) else None
     if missing is not None:
         return _error(400, missing)
+    if fake.alternating_roles and not alternates(body["messages"]):
+        message = "Conversation roles must alternate user/assistant/user/assistant/..."
+        vllm_error = {"object": "error", "message": message, "type": "BadRequestError", "code": 400}
+        return json_reply(400, vllm_error)
 
     exact = fake.window is not None or call.fault in (Fault.OVERFLOW, Fault.TRUNCATE)
     prompt = count_prompt(body) if exact else estimate(call.body)

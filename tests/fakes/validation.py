@@ -204,3 +204,15 @@ def check_reasoning_passed_back(messages: Sequence[Mapping[str, Any]]) -> str | 
         if message.get("role") == "assistant" and not isinstance(message.get("reasoning_content"), str):
             return MISSING_REASONING.format(index=index)
     return None
+
+
+def alternates(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether user and assistant messages alternate after the system prompt, starting with the
+    user, as strict chat templates check it (Mistral's: tool calls and their results are left
+    out of the check, so an agent loop passes)."""
+    roles = [
+        m.get("role")
+        for m in messages
+        if m.get("role") == "user" or (m.get("role") == "assistant" and not m.get("tool_calls"))
+    ]
+    return all(role == ("user" if n % 2 == 0 else "assistant") for n, role in enumerate(roles))

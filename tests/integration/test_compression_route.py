@@ -277,3 +277,27 @@ def test_aggressive_keeps_less_than_auto_when_auto_uses_its_room(
     # Auto keeps what fits; aggressive asks for headroom below compression.aggressive_ratio.
     assert 0.7 * budget < auto_after <= budget
     assert aggressive_after <= 0.7 * budget
+
+
+def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """vLLM applying a Gemma-style chat template refuses two user messages in a row, which a drop
+    leaves (its marker beside a user message). `compression.markers: merged` joins them."""
+    fake_upstream.window = WINDOW
+    fake_upstream.alternating_roles = True
+    chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
+    for turn in range(40):
+        chat += [
+            {"role": "user", "content": f"Question {turn}: " + "why is the build slow? " * 30},
+            {"role": "assistant", "content": f"Answer {turn}: " + "the cache was cold. " * 30},
+        ]
+    chat.append({"role": "user", "content": LATEST})
+    body = {"model": MODEL, "messages": chat, "max_tokens": 200}
+    separate = httpx.post(start_gateway(GATEWAY_MODELS=MODELS) + "/chat/completions", json=body)
+    assert separate.status_code == 400 and "alternate" in separate.json()["message"]
+    merged_url = start_gateway(GATEWAY_MODELS=MODELS, GATEWAY_COMPRESSION_MARKERS="merged")
+    merged = httpx.post(merged_url + "/chat/completions", json=body)
+    assert merged.status_code == 200 and "drop_turns" in merged.headers["x-gateway-compression"]
+    sent = fake_upstream.received[-1].json["messages"]
+    assert sent[-1]["content"] == LATEST and "earlier messages omitted" in json.dumps(sent)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.tokens.counter import counter_for
-from tests.fakes.validation import validate_chat_messages
+from tests.fakes.validation import alternates, validate_chat_messages
 
 
 def _agent_body(rounds: int) -> dict[str, object]:
@@ -146,3 +146,25 @@ def test_compress_names_what_the_gateway_would_refuse(
     assert main(["compress", "--model", "gpt-4o", "--budget", "100", str(request)]) == 2
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
+
+
+def test_compress_with_merged_markers_keeps_roles_alternating(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    messages: list[dict[str, object]] = [{"role": "system", "content": "Be brief."}]
+    for turn in range(30):
+        messages += [
+            {"role": "user", "content": f"Question {turn}: " + "why so slow? " * 40},
+            {"role": "assistant", "content": f"Answer {turn}: " + "a cold cache. " * 40},
+        ]
+    messages.append({"role": "user", "content": "And now?"})
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps({"messages": messages}))
+    for markers, alternating in (("separate", False), ("merged", True)):
+        assert (
+            main(["compress", "--model", "gpt-4o", "--budget", "3000", "--markers", markers, str(request)])
+            == 0
+        )
+        sent = orjson.loads(capsysbinary.readouterr().out)["messages"]
+        assert alternates(sent) is alternating and "earlier messages omitted" in json.dumps(sent)
+        assert counter_for("gpt-4o").messages(sent) <= 3000
