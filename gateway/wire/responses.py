@@ -77,6 +77,7 @@ REASONED_ID_OPTIONAL = frozenset(
 # Items that do not need their run's reasoning kept: those their id can be taken from, and these.
 UNPINNED = REASONED_ID_OPTIONAL | {"reasoning", "item_reference"}
 PINNED_REASONING = "x_context_gateway_reasoning"  # a reasoning item as a block no stage drops alone
+ENUM_CHARS = 16  # a cut built-in tool's text member up to this long is kept: it may name a kind
 
 
 @dataclass
@@ -99,8 +100,13 @@ def answered_call(output: Mapping[str, Any]) -> object:
 
 
 def call_arguments(call: Mapping[str, Any]) -> Any:
-    """What a call asked, as the view holds it: an object (a built-in tool's action) as JSON text."""
+    """What a call asked, as the view holds it: an object (a built-in tool's action) as JSON text,
+    its members smallest first. A tight cut keeps an object's first members and counts the rest:
+    so it keeps the short ones (a patch's `type` and `path`) and leaves out the long ones (its
+    diff, a long command), which go back empty."""
     value = call.get(CALLS[str(item_type(call))].arguments)
+    if isinstance(value, dict):
+        value = dict(sorted(value.items(), key=lambda member: len(orjson.dumps(member[1]))))
     return orjson.dumps(value).decode() if isinstance(value, dict | list) else value
 
 
@@ -372,9 +378,10 @@ def _output_value(original: Mapping[str, Any], content: Any) -> Any:
 def _arguments_value(original: Any, arguments: Any) -> Any:
     """Cut arguments in the call's own shape. An object (a built-in tool's action) takes back
     only the members it had, each cut to the same kind of value, so it stays what the API
-    accepts. A text member the cut left out (a tight cut keeps an object's first members and
-    counts the rest) goes empty, no longer than the count it was weighed as; other members
-    stay. Arguments that no longer read as an object leave it as it was."""
+    accepts. A member the cut left out (the longest ones: `call_arguments`) goes empty, smaller
+    than the count of them it was weighed as, unless it is a word (`ENUM_CHARS`: a kind such as
+    `exec` or `update_file`, which the API checks), a number or a flag, which stay. Arguments that
+    no longer read as an object leave it as it was."""
     if isinstance(original, str) or not isinstance(arguments, str):
         return arguments
     try:
@@ -387,7 +394,9 @@ def _arguments_value(original: Any, arguments: Any) -> Any:
     def member(name: str, value: Any) -> Any:
         if name in cut and type(cut[name]) is type(value):
             return cut[name]
-        return "" if isinstance(value, str) and name not in cut else value
+        if isinstance(value, str) and len(value) <= ENUM_CHARS:
+            return value
+        return type(value)() if isinstance(value, str | list | dict) else value
 
     return {name: member(name, value) for name, value in original.items()}
 

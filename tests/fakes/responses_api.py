@@ -228,6 +228,15 @@ def _check_builtin_tool_item(where: str, kind: str, item: Mapping[str, Any]) -> 
             ):
                 problem = (f"{where}.output[{n}]", "an object with stdout, stderr and outcome")
                 break
+    elif kind == "local_shell_call":
+        action = item["action"]
+        if not (
+            isinstance(action, Mapping)
+            and action.get("type") == "exec"
+            and isinstance(action.get("command"), list)
+            and all(isinstance(c, str) for c in action["command"])
+        ):
+            problem = (f"{where}.action", "an exec action with its command")
     elif kind == "apply_patch_call":
         operation = item["operation"]
         if not (

@@ -400,3 +400,45 @@ def test_reasoning_stays_beside_an_item_that_cannot_go_without_its_id() -> None:
         ids = [item.get("id") for item in out["input"]]
         assert ("ws_1" in ids) == ("rs_1" in ids), (share, ids[:6])
         assert "msg_1" not in ids or "rs_1" in ids
+
+
+def test_a_cut_built_in_action_keeps_its_kind_and_the_budget() -> None:
+    """Fuzzed: a tight cut keeps an object's first members and counts the rest, and the rest went
+    back whole (a long command list: requests several times their budget) or, for a text, empty
+    (a patch whose `type` came last lost it: refused). Members now go smallest first; those left
+    out go empty, but a short word (a kind) stays."""
+    rng = random.Random(9)
+    items: list[dict[str, Any]] = [{"role": "user", "content": "Refactor the parser."}]
+    for step in range(24):
+        command = ["bash", "-lc", *(f"sed -i 's/old_{n}/new_{n}/' src/parser_{n}.py" for n in range(40))]
+        shell = {
+            "type": "local_shell_call",
+            "id": f"lsh_{step}",
+            "call_id": f"ls_{step}",
+            "status": "completed",
+        }
+        shell["action"] = {"command": command, "env": {}, "timeout_ms": 1000, "type": "exec"}
+        output = {"type": "local_shell_call_output", "id": f"ls_{step}", "output": text(rng, 200)}
+        operation = {
+            "path": f"src/deeply/nested/module_{step}.py",
+            "diff": text(rng, 300),
+            "type": "update_file",
+        }
+        patch = {
+            "type": "apply_patch_call",
+            "call_id": f"ap_{step}",
+            "operation": operation,
+            "status": "completed",
+        }
+        result = {"type": "apply_patch_call_output", "call_id": f"ap_{step}", "status": "completed"}
+        items += [shell, output, patch, result]
+    body = {"model": GPT, "input": items}
+    assert responses_api.validate(body, ResponsesState()) is None
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    for share in (0.05, 0.1, 0.3):
+        budget = int(total * share)
+        out, _ = fitted(RESPONSES, body, GPT, budget)
+        assert out is not None and counter_for(GPT).request(RESPONSES.view(out).counted) <= budget
+        assert responses_api.validate(out, ResponsesState()) is None
+        cut = [i["operation"] for i in out["input"] if i.get("type") == "apply_patch_call"]
+        assert cut and all(operation["type"] == "update_file" for operation in cut)
