@@ -52,9 +52,10 @@ async def input_file_models(chunks: AsyncIterator[bytes], max_line_bytes: int) -
     pending = bytearray()
     number = 0
     async for chunk in chunks:
+        searched = len(pending)  # what was left holds no line break: only the new bytes are searched
         pending += chunk
         start = 0
-        while (end := pending.find(b"\n", start)) != -1:
+        while (end := pending.find(b"\n", max(start, searched))) != -1:
             number += 1
             for model in batch_line_models(bytes(pending[start:end]), number, param="input_file_id"):
                 yield model
