@@ -13,7 +13,6 @@ refused: a lenient upstream might still find a model in it.
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -22,14 +21,12 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from gateway.errors import GatewayError
+from gateway.log_safety import printable
 
 if TYPE_CHECKING:  # defined for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
 _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
-# An escape spelling a letter of "model" (m, o, d, e, l): a key written with one names the model
-# where a byte search for "model" does not see it.
-_MODEL_LETTER_ESCAPE = re.compile(rb"\\u00(?:6[45cdfCDF])")
 
 
 def models_named(body: bytes, content_type: str) -> list[str]:
@@ -45,36 +42,37 @@ def models_named(body: bytes, content_type: str) -> list[str]:
         if "json" in media or body.lstrip()[:1] in (b"{", b"["):
             raise GatewayError(400, "The request body is not valid JSON.") from None
         return []  # neither JSON nor a form: raw bytes, which name no model
-    refuse_a_second_model(body)
+    refuse_duplicate_keys(body)
     return _models_in(payload, "model")
 
 
-def refuse_a_second_model(body: bytes) -> None:
-    """Refuse a JSON body in which one object names ``model`` twice.
+def refuse_duplicate_keys(body: bytes) -> None:
+    """Refuse a JSON body in which one object names a key twice.
 
     Parsers disagree about which of two equal keys counts (orjson, as most, keeps the last;
-    some keep the first or refuse), and the team's list must judge the model the upstream
-    runs: such a body fails closed. Pass-through bodies and batch lines are read whole here
-    anyway. The prompt routes are not scanned again: it would cost about 40 µs per 100 KB
-    request on the hot path, and the common parsers (Python's, Go's, JavaScript's) keep the
-    last key as orjson does. A body holding at most one
-    ``"model"`` and no escape spelling one of its letters cannot name it twice, which settles
-    nearly every body with a byte search; the rest are read once more, every object's keys
-    seen (~90 µs per 100 KB).
+    some keep the first), and what the team's list judges (a model, the input file of a batch,
+    the requests of one, an eval's data source) must be what the upstream reads: such a body
+    fails closed. Pass-through bodies and batch lines, read whole for their models anyway, are
+    read once more with every object's keys seen (~90 µs per 100 KB). The prompt routes are
+    not: it would cost as much on the hot path of every request, and the common parsers
+    (Python's, Go's, JavaScript's) keep the last key as orjson does.
     """
-    if body.count(b'"model"') < 2 and not _MODEL_LETTER_ESCAPE.search(body):
-        return
     try:
-        json.loads(body, object_pairs_hook=_model_once)
+        json.loads(body, object_pairs_hook=_keys_once)
     except RecursionError:  # deeper than this parser goes: unchecked, so refused
-        raise GatewayError(400, "The request body nests too deeply to check the model it names.") from None
+        raise GatewayError(400, "The request body nests too deeply to check the models it names.") from None
     except ValueError:
         return  # not JSON: the caller's own reading refuses it
 
 
-def _model_once(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    if sum(key == "model" for key, _ in pairs) > 1:
-        raise GatewayError(400, "The request body names 'model' more than once in one object.", param="model")
+def _keys_once(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            name = printable(key, 64)
+            message = f"The request body names '{name}' more than once in one object."
+            raise GatewayError(400, message, param=name)
+        seen.add(key)
     return dict(pairs)
 
 
@@ -119,7 +117,7 @@ def batch_line_models(line: bytes, number: int, *, param: str) -> list[str]:
         request = orjson.loads(line)
     except orjson.JSONDecodeError:
         raise GatewayError(400, f"Line {number} of the batch file is not valid JSON.", param=param) from None
-    refuse_a_second_model(line)
+    refuse_duplicate_keys(line)
     body = request.get("body") if isinstance(request, dict) else None
     return _models_in(body, f"{param}: line {number}: body.model") if isinstance(body, dict) else []
 

@@ -133,19 +133,25 @@ def test_a_model_named_at_any_depth_of_a_json_body_is_read() -> None:
     assert refused.value.param == "model"
 
 
-def test_an_object_naming_the_model_twice_is_refused() -> None:
+def test_an_object_naming_a_key_twice_is_refused() -> None:
     """orjson keeps the last of two equal keys; an upstream keeping the first would run a model the
-    list never saw. Written plainly or with an escape, twice in one object fails closed; once per
-    object (each request of a batch, a tool's `model` parameter) does not."""
-    for body in (
-        b'{"model": "allowed", "model": "forbidden"}',
-        b'{"model": "allowed", "mod\\u0065l": "forbidden"}',
-        b'{"requests": [{"params": {"model": "a", "model": "b"}}]}',
+    list never saw, directly or one level up (fuzzed: a batch's `input_file_id`, a batch line's
+    `body`, a Message Batch's `requests`, an eval's `data_source`, each given twice). Twice in one
+    object, plainly or with an escape, fails closed; once per object (each request of a batch, a
+    tool's `model` parameter) does not."""
+    for body, key in (
+        (b'{"model": "allowed", "model": "forbidden"}', "model"),
+        (b'{"model": "allowed", "mod\\u0065l": "forbidden"}', "model"),
+        (b'{"requests": [{"params": {"model": "a", "model": "b"}}]}', "model"),
+        (b'{"input_file_id": "file-ok", "input_file_id": "file-bad"}', "input_file_id"),
+        (b'{"requests": [{"params": {"model": "a"}}], "requests": []}', "requests"),
+        (b'{"data_source": {"model": "x"}, "data_source": {"model": "y"}}', "data_source"),
     ):
         with pytest.raises(GatewayError) as refused:
             models_named(body, "application/json")
-        assert refused.value.status == 400 and refused.value.param == "model"
+        assert refused.value.status == 400 and refused.value.param == key
     schema = {"model": "a", "tools": [{"parameters": {"properties": {"model": {"type": "string"}}}}]}
     assert models_named(orjson.dumps(schema), "application/json") == ["a"]
-    with pytest.raises(GatewayError):
-        asyncio.run(_file_models([b'{"body": {"model": "a", "model": "b"}}\n']))
+    for line in (b'{"body": {"model": "a", "model": "b"}}\n', b'{"body": {"model": "a"}, "body": {}}\n'):
+        with pytest.raises(GatewayError):
+            asyncio.run(_file_models([line]))
