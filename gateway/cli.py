@@ -212,7 +212,7 @@ def _compress(args: argparse.Namespace) -> int:
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
     print(
         f"model {args.model}: budget {budget} tokens; "
-        f"prompt {tokens} -> {result.tokens_after + fixed} tokens; "
+        f"prompt {tokens} -> {counter.request(out) if merged else result.tokens_after + fixed} tokens; "
         f"stages: {', '.join(result.stages) or 'none'}; messages dropped: {result.messages_dropped}",
         file=sys.stderr,
     )

@@ -21,12 +21,14 @@ from typing import Any
 from gateway.compress.fit import Message
 
 
-def join_user_runs(messages: Sequence[Message]) -> list[Message]:
-    """`messages` with each run of user messages in a row joined into one, where both can be."""
+def join_user_runs(messages: Sequence[Message], text_part: str = "text") -> list[Message]:
+    """`messages` with each run of user messages in a row joined into one, where both can be;
+    a text joined to content parts becomes a part of type `text_part` (the wire's: `text` for
+    chat and Anthropic, `input_text` for Responses)."""
     out: list[Message] = []
     for message in messages:
         if out and _joinable(out[-1]) and _joinable(message):
-            out[-1] = _joined(out[-1], message)
+            out[-1] = _joined(out[-1], message, text_part)
         else:
             out.append(message)
     return out
@@ -43,19 +45,12 @@ def _joinable(message: Message) -> bool:
     )
 
 
-def _joined(first: Message, second: Message) -> dict[str, Any]:
+def _joined(first: Message, second: Message, text_part: str) -> dict[str, Any]:
     a, b = first["content"], second["content"]
     if isinstance(a, str) and isinstance(b, str):
         return {**first, "content": f"{a}\n\n{b}"}
-    # Text parts of the kind the messages already use (Responses items take `input_text`).
-    parts = [*(a if isinstance(a, list) else []), *(b if isinstance(b, list) else [])]
-    kind = (
-        "input_text"
-        if any(isinstance(p, Mapping) and p.get("type") == "input_text" for p in parts)
-        else "text"
-    )
 
     def as_parts(content: Any) -> list[Any]:
-        return list(content) if isinstance(content, list) else [{"type": kind, "text": content}]
+        return list(content) if isinstance(content, list) else [{"type": text_part, "text": content}]
 
     return {**first, "content": [*as_parts(a), *as_parts(b)]}

@@ -45,5 +45,7 @@ def fitted_body(
 ) -> dict[str, Any]:
     """The request with the fit's messages; with `markers: merged`, where it dropped messages, user
     messages in a row joined (gateway/compress/markers.py)."""
-    merged = options.markers == "merged" and result.spans
-    return wire.emit(payload, view, join_user_runs(result.messages) if merged else result.messages)
+    if not (options.markers == "merged" and result.spans):
+        return wire.emit(payload, view, result.messages)
+    text_part = "input_text" if wire.name == "responses" else "text"
+    return wire.emit(payload, view, join_user_runs(result.messages, text_part))

@@ -74,8 +74,9 @@ OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
 REASONED_ID_OPTIONAL = frozenset(
     {"message", "function_call", "custom_tool_call", "shell_call", "apply_patch_call"}
 )
-# Items that do not need their run's reasoning kept: those their id can be taken from, and these.
-UNPINNED = REASONED_ID_OPTIONAL | {"reasoning", "item_reference"}
+# Items that do not need their run's reasoning kept: those their id can be taken from, and the
+# reasoning itself. (An `item_reference` is all id: it stands for a produced item, and pins.)
+UNPINNED = REASONED_ID_OPTIONAL | {"reasoning"}
 PINNED_REASONING = "x_context_gateway_reasoning"  # a reasoning item as a block no stage drops alone
 ENUM_CHARS = 16  # a cut built-in tool's text member up to this long is kept: it may name a kind
 

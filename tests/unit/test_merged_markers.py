@@ -9,9 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gateway  # noqa: F401
-from gateway.compress import ContextBudgetExceeded, fit
+from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.markers import join_user_runs
 from gateway.tokens.counter import counter_for
+from gateway.wire.fitting import fit_request
+from gateway.wire.responses import RESPONSES
+from tests.fakes import responses_api
+from tests.fakes.responses_api import ResponsesState
 from tests.fakes.validation import alternates, validate_chat_messages
 
 MODEL = "gpt-4o"
@@ -66,13 +70,35 @@ def test_merged_markers_keep_the_roles_alternating_within_budget(
 
 def test_a_message_of_tool_results_is_never_joined_and_parts_keep_their_kind() -> None:
     """Anthropic's tool results open their user message: a marker before one stays apart. Joined
-    content parts take the kind the message uses (Responses: `input_text`)."""
+    text becomes a part of the wire's kind (Responses: `input_text`)."""
     results = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}
     marker = {"role": "user", "content": "[context-gateway: 4 earlier messages omitted]"}
     assistant = {"role": "assistant", "content": "done"}
     assert join_user_runs([assistant, marker, results]) == [assistant, marker, results]
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Task"}]}
-    joined = join_user_runs([marker, item])
+    # Fuzzed: an image-only Responses item took a chat-style `text` part, which the API refuses.
+    item = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}
+    joined = join_user_runs([marker, item], "input_text")
     assert joined == [
         {**marker, "content": [{"type": "input_text", "text": marker["content"]}, *item["content"]]}
     ]
+
+
+def test_merged_markers_on_the_responses_api_take_its_text_parts() -> None:
+    """Fuzzed: joined to a user item of only an image or a file, the marker became a chat-style
+    `text` part, which the Responses API refuses ("Invalid value: 'text'")."""
+    items: list[dict[str, Any]] = []
+    for turn in range(16):
+        items += [
+            {"role": "user", "content": f"Question {turn}: " + "why is it slow? " * 60},
+            {"role": "assistant", "content": f"Answer {turn}: " + "the cache. " * 60},
+        ]
+    items.append({"role": "user", "content": [{"type": "input_file", "file_id": "file-abc"}]})
+    body = {"model": MODEL, "input": items}
+    view = RESPONSES.view(body)
+    tokens = COUNTER.request(view.counted)
+    options = CompressionOptions(markers="merged")
+    out, result, _ = fit_request(
+        RESPONSES, body, view, model=MODEL, budget=tokens // 3, tokens=tokens, options=options
+    )
+    assert out is not None and "drop_turns" in result.stages
+    assert responses_api.validate(out, ResponsesState()) is None

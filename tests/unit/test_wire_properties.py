@@ -442,3 +442,32 @@ def test_a_cut_built_in_action_keeps_its_kind_and_the_budget() -> None:
         assert responses_api.validate(out, ResponsesState()) is None
         cut = [i["operation"] for i in out["input"] if i.get("type") == "apply_patch_call"]
         assert cut and all(operation["type"] == "update_file" for operation in cut)
+
+
+def test_a_kept_item_reference_keeps_the_reasoning_it_followed() -> None:
+    """Fuzzed: an `item_reference` is all id, so dropping its run's reasoning left a reference the
+    API refuses ("Item 'msg_1' of type 'item_reference' was provided without its required
+    'reasoning' item"). It pins its run's reasoning like any item that cannot go without its id."""
+    filler = text(random.Random(2), 600)
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "First: " + filler},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "item_reference", "id": "msg_1"},
+        {"role": "user", "content": "Second: " + filler},
+        {"type": "reasoning", "id": "rs_2", "summary": []},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_2",
+            "content": [{"type": "output_text", "text": "ok"}],
+        },
+        {"role": "user", "content": "Third?"},
+    ]
+    server = ResponsesState()
+    server.remember_reasoning(items)
+    body = {"model": GPT, "input": items}
+    assert responses_api.validate(body, server) is None
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    for share in (0.95, 0.8, 0.6):
+        out, _ = fitted(RESPONSES, body, GPT, int(total * share))
+        assert out is not None and responses_api.validate(out, server) is None
