@@ -23,8 +23,8 @@ from gateway.compress.fit import Message
 
 def join_user_runs(messages: Sequence[Message], text_part: str = "text") -> list[Message]:
     """`messages` with each run of user messages in a row joined into one, where both can be;
-    a text joined to content parts becomes a part of type `text_part` (the wire's: `text` for
-    chat and Anthropic, `input_text` for Responses)."""
+    a text joined to content parts becomes a part of type `text_part` (the wire format's own:
+    `text` for chat and Anthropic, `input_text` for Responses)."""
     out: list[Message] = []
     for message in messages:
         if out and _joinable(out[-1]) and _joinable(message):

@@ -23,6 +23,7 @@ from gateway.wire.base import ChatView, Message, counted_body
 class AnthropicMessages:
     name = "anthropic"
     prompt_field = "messages"
+    text_part = "text"
 
     def view(self, payload: Mapping[str, Any]) -> ChatView:
         messages = payload.get("messages")

@@ -50,6 +50,7 @@ class WireFormat(Protocol):
 
     name: str
     prompt_field: str  # the body field holding the conversation, named in errors about it
+    text_part: str  # the type of a user message's text content part
 
     def view(self, payload: Mapping[str, Any]) -> ChatView: ...
 
@@ -63,6 +64,7 @@ class ChatCompletions:
 
     name = "chat"
     prompt_field = "messages"
+    text_part = "text"
 
     def view(self, payload: Mapping[str, Any]) -> ChatView:
         messages = payload.get("messages")

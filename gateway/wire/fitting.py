@@ -47,5 +47,4 @@ def fitted_body(
     messages in a row joined (gateway/compress/markers.py)."""
     if not (options.markers == "merged" and result.spans):
         return wire.emit(payload, view, result.messages)
-    text_part = "input_text" if wire.name == "responses" else "text"
-    return wire.emit(payload, view, join_user_runs(result.messages, text_part))
+    return wire.emit(payload, view, join_user_runs(result.messages, wire.text_part))

@@ -127,6 +127,7 @@ def _user_side(item: object) -> bool:
 class ResponsesInput:
     name = "responses"
     prompt_field = "input"
+    text_part = "input_text"
 
     def __init__(self, conversions: Conversions | None = None) -> None:
         # Only where nothing mutates items between requests (the route's parsed bodies): the
