@@ -220,11 +220,7 @@ class ResponsesInput:
                 yield message, origin, False, not pending
                 continue
             end = i
-            while (
-                end < len(items)
-                and not _user_side(items[end])
-                and not (isinstance(items[end], Mapping) and item_type(items[end]) in OUTPUT_TYPES)
-            ):
+            while end < len(items) and _in_run(items[end]):
                 end += 1
             if pending:
                 layout.fittable = False
@@ -340,8 +336,10 @@ def _needs_its_reasoning(item: object) -> bool:
     return isinstance(item, Mapping) and "id" in item and item_type(item) not in UNPINNED
 
 
-def _model_side(item: object) -> bool:
-    return isinstance(item, Mapping) and not _user_side(item) and item_type(item) not in OUTPUT_TYPES
+def _in_run(item: object) -> bool:
+    """Whether the item belongs to a run of model-side items: neither a user-side message nor an
+    output answering a call (anything else, even an item that is no object, is the model's)."""
+    return not _user_side(item) and not (isinstance(item, Mapping) and item_type(item) in OUTPUT_TYPES)
 
 
 def _lost_reasoning(originals: Sequence[Any], kept: Mapping[int, Any]) -> bool:
@@ -350,9 +348,9 @@ def _lost_reasoning(originals: Sequence[Any], kept: Mapping[int, Any]) -> bool:
     if not kept:
         return False
     first, last = min(kept), max(kept)
-    while first > 0 and _model_side(originals[first - 1]):
+    while first > 0 and _in_run(originals[first - 1]):
         first -= 1
-    while last + 1 < len(originals) and _model_side(originals[last + 1]):
+    while last + 1 < len(originals) and _in_run(originals[last + 1]):
         last += 1
     return any(
         i not in kept and isinstance(originals[i], Mapping) and item_type(originals[i]) == "reasoning"
