@@ -3,14 +3,17 @@ templates that need user and assistant messages to alternate."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gateway  # noqa: F401
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.markers import join_user_runs
+from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import counter_for
 from gateway.wire.fitting import fit_request
 from gateway.wire.responses import RESPONSES
@@ -102,3 +105,20 @@ def test_merged_markers_on_the_responses_api_take_its_text_parts() -> None:
     )
     assert out is not None and "drop_turns" in result.stages
     assert responses_api.validate(out, ResponsesState()) is None
+
+
+@pytest.mark.parametrize("value", ["", "Merged", "both", "merged\x00", "m" * 10_000, "[merged]", "1"])
+def test_the_markers_option_refuses_hostile_values_naming_the_key(value: str) -> None:
+    with pytest.raises(ConfigError, match="markers"):
+        load_settings(None, {"GATEWAY_COMPRESSION_MARKERS": value})
+
+
+def test_the_markers_option_is_read_from_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("compression:\n  markers: merged\n")
+    assert load_settings(config, {}).compression.markers == "merged"
+    assert load_settings(None, {}).compression.markers == "separate"
+    for hostile in ("{deep: [[[merged]]]}", "7", "[merged, separate]"):
+        config.write_text(f"compression:\n  markers: {hostile}\n")
+        with pytest.raises(ConfigError, match="markers"):
+            load_settings(config, {})
