@@ -14,8 +14,10 @@ import pytest
 import gateway  # noqa: F401
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.fit import omitted_marker
+from gateway.errors import GatewayError
 from gateway.settings import ConfigError, load_settings
 from gateway.tokens.counter import counter_for
+from gateway.wire.chat import validate_chat_body
 from tests.fakes.validation import validate_chat_messages
 from tests.unit.test_fit_cases import prefix_shares
 
@@ -832,3 +834,20 @@ def test_a_deepseek_loop_keeps_the_reasoning_field_of_every_step_it_ages() -> No
     assert steps and all(isinstance(m.get("reasoning_content"), str) for m in steps)
     assert steps[0]["reasoning_content"] == "" and result.messages[-2:] == messages[-2:]
     assert validate_chat_messages(result.messages) is None
+
+
+@pytest.mark.parametrize(
+    ("custom", "param"),
+    [
+        ("apply_patch", "messages[1].tool_calls[0].custom"),
+        ({"name": 7, "input": "+x"}, "messages[1].tool_calls[0].custom.name"),
+        ({"name": "apply_patch", "input": ["+x"]}, "messages[1].tool_calls[0].custom.input"),
+        ({"name": "apply_patch", "input": {"deep": [[["+x"]]]}}, "messages[1].tool_calls[0].custom.input"),
+    ],
+)
+def test_a_malformed_custom_call_is_refused_naming_its_field(custom: object, param: str) -> None:
+    call = {"id": "c1", "type": "custom", "custom": custom}
+    body = {"model": MODEL, "messages": [TASK, {"role": "assistant", "content": None, "tool_calls": [call]}]}
+    with pytest.raises(GatewayError) as refused:
+        validate_chat_body(body)
+    assert refused.value.status == 400 and refused.value.param == param

@@ -155,3 +155,13 @@ def test_an_object_naming_a_key_twice_is_refused() -> None:
     for line in (b'{"body": {"model": "a", "model": "b"}}\n', b'{"body": {"model": "a"}, "body": {}}\n'):
         with pytest.raises(GatewayError):
             asyncio.run(_file_models([line]))
+
+
+def test_json_nested_past_what_the_key_check_reads_is_refused_not_a_500() -> None:
+    """orjson reads 1,024 levels, Python's parser (which sees every object's keys) fewer: a body
+    between the two is refused, unchecked, never passed and never a 500."""
+    for depth in (1_000, 1_020, 5_000):
+        body = b'{"a":' * depth + b'{"model": "gpt-5-forbidden"}' + b"}" * depth
+        with pytest.raises(GatewayError) as refused:
+            models_named(body, "application/json")
+        assert refused.value.status == 400
