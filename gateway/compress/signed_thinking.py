@@ -116,11 +116,20 @@ def _as_text(block: Mapping[str, Any], calls: Mapping[str, Any], *, bare: bool) 
     outcome = "failed" if block.get("is_error") else "returned"
     heading = "" if bare else f"[{calls[block['tool_use_id']]} {outcome}:]"
     content = block.get("content")
-    if isinstance(content, str) and content:
+    if isinstance(content, str) and content.strip():
         return [_text_block(block, f"{heading}\n{content}" if heading else content)]
-    # Blocks a tool result holds (text, images, documents) are user content blocks as well.
-    held = [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
+    # Blocks a tool result holds (text, images, documents) are user content blocks as well; out
+    # of it, a text block of whitespace alone (a command's bare newline) is refused by the API.
+    held = [part for part in content if _worth_a_block(part)] if isinstance(content, list) else []
     if not held:
         return [_text_block(block, heading or "[result]")]
     last = {**held[-1], "cache_control": block["cache_control"]} if "cache_control" in block else held[-1]
     return [*([{"type": "text", "text": heading}] if heading else []), *held[:-1], last]
+
+
+def _worth_a_block(part: object) -> bool:
+    """A tool result's part that may stand as a user content block: not text of whitespace alone."""
+    if not isinstance(part, Mapping):
+        return False
+    text = part.get("text")
+    return not (part.get("type") == "text" and isinstance(text, str) and not text.strip())

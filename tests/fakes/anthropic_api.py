@@ -28,7 +28,7 @@ import orjson
 
 from tests.fakes.answers import ECHO_CHARS, ECHO_PREFIX, TOOL_TRIGGER, Identity, split_text
 from tests.fakes.tokens import count_text
-from tests.fakes.validation import RESULT_WITHOUT_TOOL_USE, TOOL_USE_WITHOUT_RESULT
+from tests.fakes.validation import RESULT_WITHOUT_TOOL_USE, RESULTS_NOT_FIRST, TOOL_USE_WITHOUT_RESULT
 
 Error = tuple[str, str]
 """(error type, message) of the first problem found."""
@@ -187,6 +187,8 @@ def _check_block(where: str, block: object, allowed: frozenset[str]) -> Error | 
             return "invalid_request_error", f"{where}.text: Field required"
         if not block["text"]:
             return "invalid_request_error", "messages: text content blocks must be non-empty"
+        if not block["text"].strip():
+            return "invalid_request_error", "messages: text content blocks must contain non-whitespace text"
     elif kind == "tool_use":
         if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
             return "invalid_request_error", f"{where}.id: Field required"
@@ -280,7 +282,24 @@ def _check_pairs(messages: Sequence[Mapping[str, Any]]) -> Error | None:
         if missing:
             text = TOOL_USE_WITHOUT_RESULT.format(index=turn.indices[-1], ids=", ".join(map(str, missing)))
             return "invalid_request_error", text
+        assert following is not None  # every id answered: the next turn holds the results
+        kinds = [kind for index in following.indices for kind in _block_kinds(messages[index]["content"])]
+        if any(kind != "tool_result" for kind in kinds[: len(used)]):
+            return "invalid_request_error", RESULTS_NOT_FIRST.format(
+                index=following.indices[0], count=len(used)
+            )
     return None
+
+
+def _block_kinds(content: object) -> list[object]:
+    """The types of a message's blocks, as the API reads them: text content is one text block."""
+    if isinstance(content, str):
+        return ["text"]
+    return (
+        [block.get("type") for block in content if isinstance(block, Mapping)]
+        if isinstance(content, list)
+        else []
+    )
 
 
 def _check_thinking(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> Error | None:

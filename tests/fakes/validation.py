@@ -36,6 +36,10 @@ RESULT_WITHOUT_TOOL_USE = (
     "messages.{index}.content.{block}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. "
     "Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
 )
+RESULTS_NOT_FIRST = (
+    "messages.{index}: Did not find {count} `tool_result` block(s) at the beginning of this message. "
+    "Messages following `tool_use` blocks must begin with a matching number of `tool_result` blocks."
+)
 
 
 def validate_chat_messages(messages: object) -> Error | None:
@@ -178,6 +182,11 @@ def _check_tool_use_blocks(messages: Sequence[Mapping[str, Any]]) -> Error | Non
         if missing:
             text = TOOL_USE_WITHOUT_RESULT.format(index=index, ids=", ".join(map(str, missing)))
             return text, f"messages.[{index}].content"
+        assert following is not None  # every id answered: the next message holds the results
+        leading = _blocks(following)[: len(used)]
+        if len(leading) < len(used) or any(block.get("type") != "tool_result" for block in leading):
+            text = RESULTS_NOT_FIRST.format(index=index + 1, count=len(used))
+            return text, f"messages.[{index + 1}].content"
     return None
 
 

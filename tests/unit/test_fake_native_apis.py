@@ -82,9 +82,17 @@ def test_valid_anthropic_bodies_pass() -> None:
         (body([{"role": "system", "content": "x"}]), "messages.0.role"),
         (body([user("")]), "messages.0: all messages must have non-empty content"),
         (body([user([{"type": "text", "text": ""}])]), "text content blocks must be non-empty"),
+        (
+            body([user([{"type": "text", "text": " \n"}])]),
+            "text content blocks must contain non-whitespace text",
+        ),
         (body([user([{"type": "tool_use", "id": "x", "name": "n", "input": {}}])]), "Input tag 'tool_use'"),
         (body([user("q"), assistant([tool_use("t1")]), user("no result")]), "`tool_use` ids were found"),
         (body([user([tool_result("t9")])]), "unexpected `tool_use_id`"),
+        (
+            body([user("q"), assistant([tool_use("t1")]), user("note"), user([tool_result("t1")])]),
+            "messages.2: Did not find 1 `tool_result` block(s) at the beginning",
+        ),
         (
             body([user("q"), assistant([{**thinking("plan"), "thinking": "edited"}]), user("go")]),
             "Invalid `signature`",

@@ -26,6 +26,7 @@ from tests.fakes.upstream import FakeUpstream, create_app
 from tests.fakes.validation import (
     CALL_WITHOUT_TOOL,
     RESULT_WITHOUT_TOOL_USE,
+    RESULTS_NOT_FIRST,
     TOOL_USE_WITHOUT_RESULT,
     TOOL_WITHOUT_CALL,
     validate_chat_messages,
@@ -255,6 +256,15 @@ def test_openai_pairing_error_text_is_the_real_one() -> None:
             [user(), uses("toolu_a"), results("toolu_a"), user("more"), results("toolu_a")],
             RESULT_WITHOUT_TOOL_USE.format(index=4, block=0, id="toolu_a"),
             id="result-not-right-after-its-use",
+        ),
+        pytest.param(
+            [
+                user(),
+                uses("toolu_a"),
+                user([{"type": "text", "text": "note"}, *results("toolu_a")["content"]]),
+            ],
+            RESULTS_NOT_FIRST.format(index=2, count=1),
+            id="text-before-the-results",
         ),
     ],
 )

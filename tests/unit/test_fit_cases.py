@@ -13,6 +13,7 @@ import gateway  # noqa: F401
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.signed_thinking import unpinned
 from gateway.tokens.counter import counter_for
+from tests.fakes import anthropic_api
 from tests.fakes.anthropic_api import final_thinking_error
 from tests.fakes.validation import validate_chat_messages
 
@@ -401,6 +402,48 @@ def test_a_step_turned_to_text_never_costs_more_than_its_blocks() -> None:
     call, results = out[3], out[4]
     assert call["content"][0] == {"type": "text", "text": f"[called {name} with {{}}]"}
     assert results["content"] == [{"type": "text", "text": "[result]"}] * 30  # no heading: bare
+
+
+def test_a_step_turned_to_text_never_sends_a_text_block_of_whitespace_alone() -> None:
+    """A command that printed a bare newline, its result taken to text in the bare form, became a
+    text block of whitespace alone, which the Messages API refuses ("text content blocks must
+    contain non-whitespace text"): such a result reads as `[result]`, and whitespace parts of a
+    result's blocks stay behind."""
+    name = "search_the_internal_knowledge_base_for_documents"
+    ids = [f"t{i}" for i in range(30)]
+    outputs: list[Any] = ["\n", " \n ", [{"type": "text", "text": "\n"}, {"type": "text", "text": "found 2"}]]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Earlier question " + "about the build config " * 600},
+        {"role": "assistant", "content": "Earlier answer " + "with some details " * 600},
+        {"role": "user", "content": "Look it up."},
+        {
+            "role": "assistant",
+            "content": [
+                _thinking("I should search."),
+                *[{"type": "tool_use", "id": i, "name": name, "input": {}} for i in ids],
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": i, "content": outputs[k % 3]}
+                for k, i in enumerate(ids)
+            ],
+        },
+        {"role": "user", "content": "thanks"},
+        {"role": "user", "content": "and now?"},
+    ]
+    result = fit(messages, model="gpt-4o", budget_tokens=1000)
+    out = list(result.messages)
+    assert result.tokens_after == COUNTER.messages(out) <= 1000
+    results = out[4]["content"]
+    assert results[:3] == [
+        {"type": "text", "text": "[result]"},
+        {"type": "text", "text": "[result]"},
+        {"type": "text", "text": "found 2"},
+    ]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 2048, "messages": out}
+    assert anthropic_api.validate({**body, "thinking": {"type": "enabled", "budget_tokens": 1024}}) is None
 
 
 DEEP_JSON = "[" * 300 + ",".join(['"word"'] * 3000) + "]" * 300  # valid; deeper than orjson writes
