@@ -12,14 +12,19 @@ paired and whole:
   `item_reference`) becomes ONE assistant message: its content holds the
   message parts and the reasoning and other items as blocks, its
   `tool_calls` the calls of tools the client runs (`CALLS`: functions,
-  custom tools, and the built-in `shell`, `local_shell` and `apply_patch`,
-  whose object arguments the view holds as JSON text). A reasoning item
+  custom tools, the built-in `shell`, `local_shell` and `apply_patch`, and
+  `computer`, whose object arguments the view holds as JSON text). A reasoning item
   therefore goes (stage 1 drops `reasoning` blocks) or stays whole, and is
   never separated from the call or message it produced;
 - each call's output item becomes a `role: tool` message answering it, so
   the pair is one unit, and an agent loop of built-in tools has steps to
   compress as one of functions does. A shell output's chunks read as one
-  text; changed, they go back as one chunk with the last one's outcome;
+  text; changed, they go back as one chunk with the last one's outcome. A
+  computer call's screenshot reads as an image; the API takes nothing but a
+  screenshot in its output, so a computer step compress changed goes back as
+  text in an assistant message (the action, then what stands for the
+  screenshot; one kept whole follows as a user image), without the reasoning
+  the call pinned;
 - the API refuses an item sent with the id a reasoning model gave it but
   without the reasoning item it followed: where compress dropped a run's
   reasoning, its other items go without their ids (plain input), and a run
@@ -66,7 +71,10 @@ CALLS = {
     "shell_call": ToolKind("action", "shell_call_output", "shell"),
     "local_shell_call": ToolKind("action", "local_shell_call_output", "local_shell"),
     "apply_patch_call": ToolKind("operation", "apply_patch_call_output", "apply_patch"),
+    # (`action`; the GA tool may batch them as `actions`: `call_arguments` reads either)
+    "computer_call": ToolKind("action", "computer_call_output", "computer"),
 }
+COMPUTER_CALL = "computer_call"
 OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
 # Items a reasoning model answered with after its reasoning, whose id is optional in an input: sent
 # with their id, the API requires that reasoning item too ("Item 'msg_…' of type 'message' was
@@ -105,7 +113,8 @@ def call_arguments(call: Mapping[str, Any]) -> Any:
     its members smallest first. A tight cut keeps an object's first members and counts the rest:
     so it keeps the short ones (a patch's `type` and `path`) and leaves out the long ones (its
     diff, a long command), which go back empty."""
-    value = call.get(CALLS[str(item_type(call))].arguments)
+    kind = str(item_type(call))
+    value = call.get(CALLS[kind].arguments, call.get("actions") if kind == COMPUTER_CALL else None)
     if isinstance(value, dict):
         value = dict(sorted(value.items(), key=lambda member: len(orjson.dumps(member[1]))))
     return orjson.dumps(value).decode() if isinstance(value, dict | list) else value
@@ -114,10 +123,19 @@ def call_arguments(call: Mapping[str, Any]) -> Any:
 def output_content(output: Mapping[str, Any]) -> Any:
     """An output item's result, as the view holds it: a shell output's chunks as one text."""
     value = output.get("output")
+    if item_type(output) == "computer_call_output":
+        return [_screenshot_part(value)]
     if item_type(output) == "shell_call_output":
         chunks = [chunk for chunk in value if isinstance(chunk, Mapping)] if isinstance(value, list) else []
         return "".join(f"{chunk.get('stdout', '')}{chunk.get('stderr', '')}" for chunk in chunks)
     return "" if value is None else value
+
+
+def _screenshot_part(screenshot: object) -> dict[str, Any]:
+    """A computer call's screenshot as the input image part it is read as."""
+    fields = screenshot if isinstance(screenshot, Mapping) else {}
+    part = {"type": "input_image", "detail": "auto"}
+    return part | {key: fields[key] for key in ("image_url", "file_id", "detail") if key in fields}
 
 
 def _user_side(item: object) -> bool:
@@ -277,12 +295,16 @@ class ResponsesInput:
         if layout.has_instructions:
             out["instructions"] = rest.pop(0)["content"]
         items: list[Any] = []
+        as_text = _computer_steps_changed(layout, rest)
         for message in rest:
             indices = layout.produced.get(id(message))
-            if indices is not None:  # the very message the view made: its items, untouched
+            calls = {call["id"] for call in message.get("tool_calls") or ()}
+            if message.get("role") == "tool" and message.get("tool_call_id") in as_text:
+                continue  # read into its call's text
+            if indices is not None and not calls & as_text.keys():  # the view's very message
                 items += [layout.items[i] for i in indices]
             elif ORIGIN in message or message.get("role") == "assistant":
-                items += _rebuild(layout.items, message)
+                items += _rebuild(layout.items, message, as_text)
             else:  # a user-side item compress changed, or its omission marker
                 items.append(message)
         if layout.string_input and len(items) == 1 and isinstance(items[0].get("content"), str):
@@ -292,8 +314,49 @@ class ResponsesInput:
         return out
 
 
-def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
-    """The items a changed run or output message stands for, with only what changed replaced."""
+def _computer_steps_changed(layout: _Layout, messages: Sequence[Message]) -> dict[object, list[Any]]:
+    """The computer calls compress changed (their action, or the screenshot answering them), by call
+    id, each with what goes after its action's text: the text standing for its screenshot, or the
+    screenshot kept whole (an input image). The API takes nothing else in a computer call's output."""
+    changed: set[object] = set()
+    outputs: dict[object, Any] = {}
+    for message in messages:
+        untouched = layout.produced.get(id(message)) is not None
+        for call in () if untouched else message.get("tool_calls") or ():
+            original = layout.items[call[ORIGIN]]
+            arguments = call["function"]["arguments"]
+            if item_type(original) == COMPUTER_CALL and arguments != call_arguments(original):
+                changed.add(call["id"])
+        if message.get("role") == "tool" and ORIGIN in message:
+            original = layout.items[message[ORIGIN]]
+            if item_type(original) == "computer_call_output":
+                outputs[message.get("tool_call_id")] = message.get("content")
+                if not untouched and message.get("content") != output_content(original):
+                    changed.add(message.get("tool_call_id"))
+    return {call_id: _parts(outputs.get(call_id)) for call_id in changed}
+
+
+def _parts(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "input_text", "text": content}]
+    return [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
+
+
+def _computer_call_as_text(arguments: object, shown: Sequence[Any]) -> list[Any]:
+    """A changed computer step as plain input: the action as an assistant's text, then its
+    screenshot's stand-in in the same text or, kept whole, as a user's image."""
+    texts = [str(part.get("text", "")) for part in shown if part.get("type") == "input_text"]
+    images = [part for part in shown if part.get("type") != "input_text"]
+    lines = [f"[called {CALLS[COMPUTER_CALL].name} with {arguments}]", *texts]
+    items: list[Any] = [{"role": "assistant", "content": "\n".join(lines)}]
+    return items + ([{"role": "user", "content": images}] if images else [])
+
+
+def _rebuild(
+    originals: Sequence[Any], message: Message, as_text: Mapping[object, Sequence[Any]] | None = None
+) -> list[Any]:
+    """The items a changed run or output message stands for, with only what changed replaced
+    (a computer step in `as_text` as text: `_computer_steps_changed`)."""
     if message.get("role") == "tool":
         original = originals[message[ORIGIN]]
         return [{**original, "output": _output_value(original, message.get("content"))}]
@@ -318,16 +381,24 @@ def _rebuild(originals: Sequence[Any], message: Message) -> list[Any]:
             pieces[i] = {**originals[i], "content": "".join(str(part.get("text", "")) for part in parts)}
         else:
             pieces[i] = {**originals[i], "content": parts}
+    as_items: dict[int, list[Any]] = {}
     for call in message.get("tool_calls") or ():
         i = call[ORIGIN]
         original = originals[i]
-        key = CALLS[str(item_type(original))].arguments
         arguments = call["function"]["arguments"]
+        if as_text and call["id"] in as_text:
+            as_items[i] = _computer_call_as_text(arguments, as_text[call["id"]])
+            continue
+        key = CALLS[str(item_type(original))].arguments
         changed = arguments != call_arguments(original)
         pieces[i] = {**original, key: _arguments_value(original.get(key), arguments)} if changed else original
-    if _lost_reasoning(originals, pieces):
+    if as_items and not any(_needs_its_reasoning(item) for item in pieces.values()):
+        # What the reasoning was kept for went as text: a reasoning item is refused without the
+        # item it produced.
+        pieces = {i: item for i, item in pieces.items() if not _is_reasoning(item)}
+    if _lost_reasoning(originals, {**pieces, **as_items}):
         pieces = {i: _without_id(item) for i, item in pieces.items()}
-    return [pieces[i] for i in sorted(pieces)]
+    return [new for i in sorted({*pieces, *as_items}) for new in as_items.get(i, [pieces.get(i)])]
 
 
 def _needs_its_reasoning(item: object) -> bool:
@@ -352,10 +423,11 @@ def _lost_reasoning(originals: Sequence[Any], kept: Mapping[int, Any]) -> bool:
         first -= 1
     while last + 1 < len(originals) and _in_run(originals[last + 1]):
         last += 1
-    return any(
-        i not in kept and isinstance(originals[i], Mapping) and item_type(originals[i]) == "reasoning"
-        for i in range(first, last + 1)
-    )
+    return any(i not in kept and _is_reasoning(originals[i]) for i in range(first, last + 1))
+
+
+def _is_reasoning(item: object) -> bool:
+    return isinstance(item, Mapping) and item_type(item) == "reasoning"
 
 
 def _without_id(item: Any) -> Any:
@@ -365,7 +437,10 @@ def _without_id(item: Any) -> Any:
 
 
 def _output_value(original: Mapping[str, Any], content: Any) -> Any:
-    """A changed result in its output item's shape: a shell output's as one chunk."""
+    """A changed result in its output item's shape: a shell output's as one chunk. (A computer
+    call's screenshot only comes here unchanged: a changed one goes as text.)"""
+    if item_type(original) == "computer_call_output":
+        return original.get("output")
     if item_type(original) != "shell_call_output":
         return content
     chunks = original.get("output")

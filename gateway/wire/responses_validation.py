@@ -38,6 +38,8 @@ _ITEM_STRINGS = {
     "local_shell_call_output": ("id", "output"),
     "apply_patch_call": ("call_id",),
     "apply_patch_call_output": ("call_id",),
+    "computer_call": ("call_id",),
+    "computer_call_output": ("call_id",),
     "reasoning": ("id",),
     "item_reference": ("id",),
 }
@@ -124,6 +126,15 @@ def _item(item: Any, where: str) -> None:
             for stream in ("stdout", "stderr"):
                 if not isinstance(chunk.get(stream), str):
                     raise invalid_type(f"{where}.output[{number}].{stream}", chunk.get(stream), "a string")
+    if kind == "computer_call":
+        _computer_action(item, where)
+    if kind == "computer_call_output":
+        screenshot = item.get("output")
+        if not isinstance(screenshot, dict):
+            raise invalid_type(f"{where}.output", screenshot, "a computer_screenshot object")
+        for name in ("image_url", "file_id", "detail"):
+            if not isinstance(screenshot.get(name), str | None):
+                raise invalid_type(f"{where}.output.{name}", screenshot.get(name), "a string")
     if kind == "apply_patch_call_output" and not isinstance(item.get("output"), str | None):
         raise invalid_type(f"{where}.output", item.get("output"), "a string")
     if kind in ("function_call_output", "custom_tool_call_output"):
@@ -131,3 +142,17 @@ def _item(item: Any, where: str) -> None:
         if not isinstance(output, str | list):
             raise invalid_type(f"{where}.output", output, "a string or an array of content parts")
         check_content(output, f"{where}.output", depth=0)
+
+
+def _computer_action(item: dict[str, Any], where: str) -> None:
+    """A computer call holds its action as an object, or a batch of them as `actions`."""
+    if "action" in item or "actions" not in item:
+        if not isinstance(item.get("action"), dict):
+            raise invalid_type(f"{where}.action", item.get("action"), "an object")
+        return
+    actions = item["actions"]
+    if not isinstance(actions, list):
+        raise invalid_type(f"{where}.actions", actions, "an array of objects")
+    for number, action in enumerate(actions):
+        if not isinstance(action, dict):
+            raise invalid_type(f"{where}.actions[{number}]", action, "an object")

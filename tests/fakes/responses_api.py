@@ -5,7 +5,8 @@ and roles; every `function_call` answered by a `function_call_output` with
 the same `call_id` ("No tool output found for function call …") and every
 output answering an earlier call ("No tool call found for function call
 output with call_id …"), across the stored history too; a `reasoning` item
-must be followed by the item it produced. `previous_response_id` and
+must be followed by the item it produced; a computer call's output is a
+screenshot and nothing else. With a computer tool it answers computer calls. `previous_response_id` and
 `conversation` prepend history the fake stored; `truncation: "auto"` drops
 the oldest items until the input fits, `"disabled"` (the default) refuses with
 the Responses API's overflow error (a 400, or a `response.failed` event in a
@@ -33,7 +34,9 @@ CALL_OUTPUTS = {
     "shell_call": "shell_call_output",
     "local_shell_call": "local_shell_call_output",
     "apply_patch_call": "apply_patch_call_output",
+    "computer_call": "computer_call_output",
 }
+COMPUTER_TOOLS = ("computer", "computer_use_preview")
 OUTPUT_TYPES = frozenset(CALL_OUTPUTS.values())
 ITEM_TYPES = ("message", "reasoning", "item_reference", *CALL_OUTPUTS, *OUTPUT_TYPES)
 ROLES = ("user", "assistant", "system", "developer")
@@ -196,6 +199,8 @@ def _check_item(index: int, item: object) -> Error | None:
         "local_shell_call_output": ("id", "output"),
         "apply_patch_call": ("call_id", "operation", "status"),
         "apply_patch_call_output": ("call_id", "status"),
+        "computer_call": ("id", "call_id", "pending_safety_checks", "status"),
+        "computer_call_output": ("call_id", "output"),
         "reasoning": ("id", "summary"),
         "item_reference": ("id",),
     }[str(kind)]
@@ -246,6 +251,21 @@ def _check_builtin_tool_item(where: str, kind: str, item: Mapping[str, Any]) -> 
             and (operation["type"] == "delete_file" or isinstance(operation.get("diff"), str))
         ):
             problem = (f"{where}.operation", "a create_file, update_file or delete_file operation")
+    elif kind == "computer_call":
+        action, actions = item.get("action"), item.get("actions")
+        batch = isinstance(actions, list) and all(isinstance(a, Mapping) and "type" in a for a in actions)
+        if not (isinstance(action, Mapping) and "type" in action) and not batch:
+            problem = (f"{where}.action", "an object with its type")
+    elif kind == "computer_call_output":
+        screenshot = item["output"]
+        if not isinstance(screenshot, Mapping) or screenshot.get("type") != "computer_screenshot":
+            kind_of = screenshot.get("type") if isinstance(screenshot, Mapping) else None
+            return _invalid(
+                f"Invalid value: '{kind_of}'. Supported values are: 'computer_screenshot'.",
+                f"{where}.output.type",
+            )
+        if not isinstance(screenshot.get("image_url") or screenshot.get("file_id"), str):
+            problem = (f"{where}.output.image_url", "a string")
     elif kind in ("apply_patch_call_output", "local_shell_call_output"):
         optional = kind == "apply_patch_call_output" and item.get("output") is None
         if not (optional or isinstance(item.get("output"), str)):
@@ -336,6 +356,10 @@ def count_item(item: Mapping[str, Any]) -> int:
         return total + count_text(orjson.dumps(item.get("action")).decode())
     if kind == "apply_patch_call":
         return total + count_text(orjson.dumps(item.get("operation")).decode())
+    if kind == "computer_call":
+        return total + count_text(orjson.dumps(item.get("action") or item.get("actions")).decode())
+    if kind == "computer_call_output":  # the model sees the screenshot
+        return total + IMAGE_TOKENS
     if kind == "shell_call_output":  # the model reads what the commands printed
         chunks = item.get("output") if isinstance(item.get("output"), list) else []
         return total + sum(
@@ -404,6 +428,22 @@ def output_items(
     )
     last = items[-1] if items else {}
     user_text = _last_user_text(items)
+    computer = isinstance(tools, list) and any(
+        isinstance(tool, Mapping) and tool.get("type") in COMPUTER_TOOLS for tool in tools
+    )
+    if computer and (item_type(last) == "computer_call_output" or TOOL_TRIGGER in user_text):
+        action = {"type": "click", "button": "left", "x": 10 * serial, "y": 20}
+        out.append(
+            {
+                "type": "computer_call",
+                "id": f"cu_fake_{serial}",
+                "call_id": f"call_fake_{serial}",
+                "action": action,
+                "pending_safety_checks": [],
+                "status": "completed",
+            }
+        )
+        return out
     if isinstance(name, str) and item_type(last) == "message" and TOOL_TRIGGER in user_text:
         out.append(
             {

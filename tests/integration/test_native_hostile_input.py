@@ -100,6 +100,29 @@ response_items = st.one_of(
             "output": maybe(texts | json_values | st.lists(shell_chunks, max_size=2)),
         }
     ),
+    # A computer call holds its action, or a batch of them; its output is a screenshot.
+    st.fixed_dictionaries(
+        {"type": st.just("computer_call"), "call_id": maybe(ids)},
+        optional={
+            "id": maybe(ids),
+            "action": maybe(json_values),
+            "actions": maybe(json_values | st.lists(json_values, max_size=2)),
+            "pending_safety_checks": maybe(json_values),
+        },
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("computer_call_output"),
+            "call_id": maybe(ids),
+            "output": maybe(
+                json_values
+                | st.fixed_dictionaries(
+                    {"type": st.just("computer_screenshot")},
+                    optional={"image_url": maybe(texts), "file_id": maybe(texts), "detail": maybe(texts)},
+                )
+            ),
+        }
+    ),
     json_values,
 )
 responses_bodies = st.fixed_dictionaries(

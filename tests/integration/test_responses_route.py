@@ -19,6 +19,7 @@ from tests.conftest import GatewayFactory
 from tests.fakes import responses_api
 from tests.fakes.responses_api import ResponsesState
 from tests.fakes.upstream import FakeUpstream
+from tests.unit.test_tokens_counter import png_data_url
 
 MODEL = "gpt-4o"
 WINDOW = 3_000
@@ -134,6 +135,35 @@ def test_an_agent_on_built_in_shell_and_patch_tools_is_fitted_step_by_step(
     assert sent["input"][0] == task and sent["input"][-2:] == items[-2:]
     kept = [item for item in sent["input"] if item.get("type") in ("shell_call", "apply_patch_call")]
     assert len(kept) >= 8, "older steps keep their calls"
+
+
+def test_a_computer_use_agent_is_fitted_step_by_step(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:
+    """A computer-use agent with a reasoning model: each answer a reasoning item and a
+    `computer_call`, each step's result a screenshot. Before, the loop was one run nothing could
+    shrink, and once it outgrew the window every request was refused. Now older steps go as
+    text, and every request of the loop is accepted by the strict fake (pairs, screenshots,
+    and the reasoning each remaining call needs)."""
+    screenshot = {"type": "computer_screenshot", "image_url": png_data_url(1024, 768)}
+    tools: Any = [{"type": "computer_use_preview", "display_width": 1024, "display_height": 768}]
+    items: list[Any] = [{"role": "user", "content": "Find the cheapest flight to Paris. CALL_TOOL"}]
+    compressed = 0
+    for _ in range(10):
+        asked = items[-1]
+        raw = sdk.responses.with_raw_response.create(
+            model=MODEL, input=items, tools=tools, reasoning={"effort": "low"}, max_output_tokens=300
+        )
+        reply = raw.parse()
+        compressed += raw.headers["x-gateway-compression"] != "none"
+        call = reply.output[-1]
+        assert call.type == "computer_call"
+        items += [item.model_dump(exclude_none=True) for item in reply.output]
+        items.append({"type": "computer_call_output", "call_id": call.call_id, "output": screenshot})
+    assert compressed >= 6
+    sent = fake_upstream.requests_to("/v1/responses")[-1].json
+    assert responses_api.count_input(None, sent["input"], sent["tools"]) + 300 <= WINDOW
+    assert sent["input"][0] == items[0] and sent["input"][-1] == asked, "the task and newest screenshot"
+    actions = [item for item in sent["input"] if str(item.get("content")).startswith("[called computer")]
+    assert len(actions) >= 5, "older steps keep their actions, as text"
 
 
 def test_stream_and_byte_identical_relay(fake_upstream: FakeUpstream, sdk: openai.OpenAI) -> None:

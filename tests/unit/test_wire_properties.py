@@ -28,11 +28,13 @@ from gateway.wire.fitting import fit_request
 from gateway.wire.responses import ORIGIN, RESPONSES
 from tests.fakes import anthropic_api, responses_api
 from tests.fakes.responses_api import ResponsesState
+from tests.unit.test_tokens_counter import png_data_url
 
 CLAUDE = "claude-haiku-4-5"
 GPT = "gpt-4o"
 WORDS = ["the", "build", "failed", "config", "服务", "错误", "id=4471", "ERROR", "12.5", "timeout", "ok"]
 PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+SCREENSHOT = png_data_url(1024, 768)
 
 
 def text(rng: random.Random, words: int) -> str:
@@ -188,7 +190,14 @@ def test_anthropic_round_trip_is_lossless() -> None:
 # --- Responses ---------------------------------------------------------------------------------
 
 
-TOOL_KINDS = ("function_call", "custom_tool_call", "shell_call", "local_shell_call", "apply_patch_call")
+TOOL_KINDS = (
+    "function_call",
+    "custom_tool_call",
+    "shell_call",
+    "local_shell_call",
+    "apply_patch_call",
+    "computer_call",
+)
 
 
 def tool_step(rng: random.Random, kind: str, call_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -221,6 +230,21 @@ def tool_step(rng: random.Random, kind: str, call_id: str) -> tuple[dict[str, An
         return (
             {"type": kind, "call_id": call_id, "operation": operation, "status": "completed"},
             {"type": "apply_patch_call_output", "call_id": call_id, "status": "completed", "output": result},
+        )
+    if kind == "computer_call":
+        typed = {"type": "type", "text": text(rng, size(rng))}
+        clicked = {"type": "click", "button": "left", "x": rng.randrange(1024), "y": rng.randrange(768)}
+        action = typed if rng.random() < 0.3 else clicked
+        screenshot = {"type": "computer_screenshot", "image_url": SCREENSHOT}
+        return (
+            {
+                "type": kind,
+                "call_id": call_id,
+                "action": action,
+                "pending_safety_checks": [],
+                "status": "completed",
+            },
+            {"type": "computer_call_output", "call_id": call_id, "output": screenshot},
         )
     arguments = orjson.dumps({"cmd": text(rng, 5)}).decode()
     return (
@@ -374,6 +398,35 @@ def test_a_loop_of_built_in_tools_is_compressed_step_by_step() -> None:
     outputs = [item for item in out["input"] if item.get("type", "").endswith("_call_output")]
     whole = [item for item in outputs if item in items]
     assert len(outputs) == len(calls) and items[-1] in whole and len(whole) < len(outputs) / 2
+
+
+def test_a_computer_use_loop_is_compressed_step_by_step() -> None:
+    """A computer-use agent: each step a `computer_call` (with the reasoning it followed) and its
+    screenshot. Read as one opaque run, the loop was one message nothing could cut, and a request
+    over its budget was refused. The API takes nothing but a screenshot in a computer call's
+    output, so an older step goes as text, the action and a note for its screenshot, without
+    the reasoning its call needed; the newest steps go whole, with their reasoning."""
+    rng = random.Random(8)
+    items: list[dict[str, Any]] = [{"role": "user", "content": "Book the cheapest flight to Paris."}]
+    for step in range(24):
+        call, output = tool_step(rng, "computer_call", f"call_{step}")
+        reasoning = {"type": "reasoning", "id": f"rs_{step}", "summary": [], "encrypted_content": "e" * 80}
+        items += [reasoning, {"id": f"cu_{step}", **call}, output]
+    body = {"model": GPT, "input": items, "tools": [{"type": "computer_use_preview"}]}
+    server = ResponsesState()
+    server.remember_reasoning(items)
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    out, _ = fitted(RESPONSES, body, GPT, total // 3)
+    assert out is not None and responses_api.validate(out, server) is None
+    assert counter_for(GPT).request(RESPONSES.view(out).counted) <= total // 3
+    assert out["input"][-3:] == items[-3:], "the newest step goes whole, its reasoning beside it"
+    assert out["input"][0] == items[0], "the task goes whole"
+    as_text = [item for item in out["input"] if str(item.get("content")).startswith("[called computer with")]
+    calls = [item for item in out["input"] if item.get("type") == "computer_call"]
+    assert len(as_text) >= 12 and len(as_text) + len(calls) == 24, "every action is still there"
+    assert all("[image omitted by context-gateway]" in item["content"] for item in as_text)
+    reasoning = {item["id"] for item in out["input"] if item.get("type") == "reasoning"}
+    assert reasoning == {f"rs_{call['id'][3:]}" for call in calls}, "reasoning goes with its call"
 
 
 def test_reasoning_stays_beside_an_item_that_cannot_go_without_its_id() -> None:
