@@ -79,6 +79,11 @@ COMPRESSIONS = Counter(
 OVERFLOW_RETRIES = Counter(
     "gateway_overflow_retries_total", "Upstream context overflows answered by a compressed retry.", ["result"]
 )
+MERGED_MARKERS_RETRIES = Counter(
+    "gateway_merged_markers_retries_total",
+    "Fitted requests sent again with user messages in a row joined, after the upstream's chat template "
+    "refused them (roles must alternate); the model then goes merged at once.",
+)
 REFUSALS = Counter(
     "gateway_context_refusals_total", "Requests refused because they could not be made to fit."
 )

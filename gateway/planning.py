@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import orjson
@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
-from gateway.compress import ContextBudgetExceeded
+from gateway.compress import CompressionOptions, ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, FitResult, with_summaries
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow
@@ -160,10 +160,22 @@ async def _with_summaries(
     summarized = with_summaries(result, summaries, model=chat.model)
     if summarized is result:  # (none found, or "": a span whose summary failed keeps the digest)
         return plan
-    options = runtime.settings.compression
+    options = runtime.compression(chat.model)
     body = orjson.dumps(fitted_body(chat.wire, chat.payload, chat.view, summarized, options))
     tokens_after = plan.tokens_after + summarized.tokens_after - result.tokens_after
     return Plan(body, plan.budget, plan.tokens_before, tokens_after, summarized.stages, summarized)
+
+
+def merged_markers_plan(chat: ChatRequest, plan: Plan, options: CompressionOptions) -> Plan | None:
+    """`plan`'s fit sent with user messages in a row joined (`markers: merged`), or None when that
+    sends the same body: no fit, no dropped span, or merged already."""
+    if plan.result is None or not plan.result.spans:
+        return None
+    merged = replace(options, markers="merged")
+    body = orjson.dumps(fitted_body(chat.wire, chat.payload, chat.view, plan.result, merged))
+    if body == plan.body:
+        return None
+    return replace(plan, body=body)
 
 
 def _look_ahead(runtime: Runtime, chat: ChatRequest, plan: Plan, charge: Charge | None) -> None:
@@ -206,7 +218,7 @@ def _fitted_plan(
             model=chat.model,
             budget=budget,
             tokens=tokens,
-            options=runtime.settings.compression,
+            options=runtime.compression(chat.model),
             aggressive=chat.mode == "aggressive",
         )
     except ContextBudgetExceeded as exc:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
+from gateway.alternation import AlternatingModels
+from gateway.compress import CompressionOptions
 from gateway.overflow import detect_silent_truncation
 from gateway.policy.enforcer import Policy, Team
 from gateway.settings import Settings
@@ -68,6 +70,8 @@ class Runtime:
     _discovering: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # The upstream's model lists (at most two URLs), with the time they go stale.
     _listings: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    # Models whose upstream refused two user messages in a row (gateway/alternation.py).
+    alternating: AlternatingModels = field(default_factory=AlternatingModels)
 
     def __post_init__(self) -> None:
         self._refreshed = ExpiringLRU(self.settings.windows.max_models)
@@ -112,6 +116,10 @@ class Runtime:
             await self.summarizer.close()
         await self.store.close()
         await self.policy.close()
+
+    def compression(self, model: str) -> CompressionOptions:
+        """The compression options a request for `model` is fitted with."""
+        return self.alternating.options(model, self.settings.compression)
 
     def upstream_key(self, team: Team | None) -> str | None:
         """The key the gateway sends upstream: the team's own, else the configured one, else none."""

@@ -20,10 +20,18 @@ from starlette.responses import Response
 from yarl import URL
 
 from gateway import metrics
+from gateway.alternation import refuses_separate_markers
 from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
 from gateway.overflow import Overflow, classify_overflow, classify_stream_error
-from gateway.planning import Plan, demand, overflow_retry_budget, plan_request, refusal_of
+from gateway.planning import (
+    Plan,
+    demand,
+    merged_markers_plan,
+    overflow_retry_budget,
+    plan_request,
+    refusal_of,
+)
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.chat import output_allowance, team_chat
 from gateway.policy.enforcer import Admission, Team
@@ -240,6 +248,13 @@ async def _forward(
                 headers=dict(gateway_headers(retry_plan, retried=True, admission=admission)),
             )
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
+    merged = _merged_markers(runtime, chat, attempt)
+    if merged is not None:
+        runtime.alternating.learn(chat.model)
+        metrics.MERGED_MARKERS_RETRIES.inc()
+        await _discard(attempt)
+        await _stop_if_client_left(request, merged)
+        attempt = await _send(runtime, chat, merged, upstream, dialect, record)
 
     final_plan = attempt.plan
     record.tokens_after, record.compression = final_plan.tokens_after, final_plan.stages
@@ -251,7 +266,9 @@ async def _forward(
     headers = to_client(
         reply_headers,
         request_id=request_id,
-        extra=gateway_headers(final_plan, retried=retried, admission=admission),
+        extra=gateway_headers(
+            final_plan, retried=retried, admission=admission, merged_markers=merged is not None
+        ),
     )
     idle = runtime.settings.upstream.timeouts.idle
     if attempt.stream_rest is not None:
@@ -345,6 +362,15 @@ async def _send(
     return attempt
 
 
+def _merged_markers(runtime: Runtime, chat: ChatRequest, attempt: Attempt) -> Plan | None:
+    """The attempt's fit again with user messages in a row joined, when the upstream's chat template
+    refused them (gateway/alternation.py) and joining changes what was sent; else None."""
+    reply = attempt.reply
+    if attempt.overflow is not None or not refuses_separate_markers(reply.status, reply.buffered_body or b""):
+        return None
+    return merged_markers_plan(chat, attempt.plan, runtime.compression(chat.model))
+
+
 async def _discard(attempt: Attempt) -> None:
     """Give up an attempt's answer unread (its upstream connection closed)."""
     if attempt.stream_rest is not None:
@@ -352,7 +378,9 @@ async def _discard(attempt: Attempt) -> None:
     attempt.reply.close()
 
 
-def gateway_headers(plan: Plan, *, retried: bool, admission: Admission | None) -> list[tuple[str, str]]:
+def gateway_headers(
+    plan: Plan, *, retried: bool, admission: Admission | None, merged_markers: bool = False
+) -> list[tuple[str, str]]:
     headers = [
         ("x-gateway-prompt-tokens-before", str(plan.tokens_before)),
         ("x-gateway-prompt-tokens-after", str(plan.tokens_after)),
@@ -360,8 +388,9 @@ def gateway_headers(plan: Plan, *, retried: bool, admission: Admission | None) -
     ]
     if plan.capped:
         headers.append(("x-gateway-team-cap", str(plan.budget)))
-    if retried:
-        headers.append(("x-gateway-retry", "overflow"))
+    retries = [name for name, done in (("overflow", retried), ("merged_markers", merged_markers)) if done]
+    if retries:
+        headers.append(("x-gateway-retry", ",".join(retries)))
     if admission is not None:
         headers += admission.headers
     return headers

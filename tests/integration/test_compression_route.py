@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
+from tests.fakes.validation import alternates
 
 WINDOW = 6_000
 # An OpenAI model is counted exactly, so calibration from one answer cannot shift the next count.
@@ -283,7 +284,8 @@ def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
     """vLLM applying a Gemma-style chat template refuses two user messages in a row, which a drop
-    leaves (its marker beside a user message). `compression.markers: merged` joins them."""
+    leaves (its marker beside a user message). `compression.markers: merged` joins them; without
+    it, the refused request goes again merged and the model is remembered."""
     fake_upstream.window = WINDOW
     fake_upstream.alternating_roles = True
     chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
@@ -294,8 +296,21 @@ def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
         ]
     chat.append({"role": "user", "content": LATEST})
     body = {"model": MODEL, "messages": chat, "max_tokens": 200}
-    separate = httpx.post(start_gateway(GATEWAY_MODELS=MODELS) + "/chat/completions", json=body)
-    assert separate.status_code == 400 and "alternate" in separate.json()["message"]
+    url = start_gateway(GATEWAY_MODELS=MODELS) + "/chat/completions"
+    chats = "/v1/chat/completions"
+    calls = len(fake_upstream.requests_to(chats))
+    retried = httpx.post(url, json=body)
+    assert retried.status_code == 200 and retried.headers["x-gateway-retry"] == "merged_markers"
+    assert len(fake_upstream.requests_to(chats)) == calls + 2, "refused once, then sent merged"
+    assert alternates(fake_upstream.requests_to(chats)[-1].json["messages"])
+    again = httpx.post(url, json={**body, "messages": [*chat[:-1], {"role": "user", "content": "And now?"}]})
+    assert again.status_code == 200 and "x-gateway-retry" not in again.headers
+    assert len(fake_upstream.requests_to(chats)) == calls + 3, "the model goes merged at once from then on"
+    # A client's own two user messages in a row, nothing compressed: its refusal goes back as it is.
+    own = [{"role": "user", "content": "Hello."}, {"role": "user", "content": "Are you there?"}]
+    refused = httpx.post(url, json={"model": MODEL, "messages": own})
+    assert refused.status_code == 400 and "alternate" in refused.json()["message"]
+    assert len(fake_upstream.requests_to(chats)) == calls + 4
     merged_url = start_gateway(GATEWAY_MODELS=MODELS, GATEWAY_COMPRESSION_MARKERS="merged")
     merged = httpx.post(merged_url + "/chat/completions", json=body)
     assert merged.status_code == 200 and "drop_turns" in merged.headers["x-gateway-compression"]
