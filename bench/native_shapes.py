@@ -182,3 +182,31 @@ def to_responses_shell(messages: list[Message], model: str) -> dict[str, Any]:
             item = {"type": "shell_call_output", "call_id": item["call_id"], "output": [chunk]}
         items.append(item)
     return {**body, "input": items}
+
+
+def to_responses_computer(messages: list[Message], model: str, screenshot: str) -> dict[str, Any]:
+    """The Responses shape of a computer-use agent on a reasoning model: each call a reasoning item
+    and a `computer_call` typing the call's arguments, each result the screenshot (a data URL) the
+    client took after it (the result's text is not seen: a computer step shows a screen)."""
+    body = to_responses(messages, model)
+    items: list[Message] = []
+    for item in body["input"]:
+        if item.get("type") == "function_call":
+            call_id = item["call_id"]
+            items.append(
+                {"type": "reasoning", "id": f"rs_{call_id}", "summary": [], "encrypted_content": "e" * 200}
+            )
+            action = {"type": "type", "text": item["arguments"]}
+            item = {
+                "type": "computer_call",
+                "id": f"cu_{call_id}",
+                "call_id": call_id,
+                "action": action,
+                "pending_safety_checks": [],
+                "status": "completed",
+            }
+        elif item.get("type") == "function_call_output":
+            shot = {"type": "computer_screenshot", "image_url": screenshot}
+            item = {"type": "computer_call_output", "call_id": item["call_id"], "output": shot}
+        items.append(item)
+    return {**body, "input": items}

@@ -25,8 +25,11 @@ intact), share of the three newest intact (median), share of
 tool calls still present (as calls), budget use of each loop's last request,
 refusals, and over growing loops that send a request after every step: budget
 use (median over every request that needed compression) and prefix stability; against
-keep-newest and progressive-cap. Under each budget, the prefix ceiling: the most stability
-any method can reach on those growing loops while every request keeps its new step whole.
+keep-newest and progressive-cap. Under each budget, the gateway's rows for the same loops
+sent as an agent on the Responses API's built-in tools (`gateway, shell`: Codex-style shell
+items; `gateway, computer`: a computer-use agent's reasoning, calls and screenshots), and the
+prefix ceiling: the most stability any method can reach on those growing loops while every
+request keeps its new step whole.
 `--loops-from` takes agent transcripts from files instead (bench/transcripts.py): the table
 over them, each also replayed step by step for use and stability.
 `--option KEY=VALUE` runs context-gateway with another compression setting (as in
@@ -96,7 +99,7 @@ from bench.conversations import (
     stated,
     tiny_steps,
 )
-from bench.native_shapes import to_anthropic, to_responses, to_responses_shell
+from bench.native_shapes import to_anthropic, to_responses, to_responses_computer, to_responses_shell
 from gateway.compress import CompressionOptions, ContextBudgetExceeded, fit
 from gateway.compress.units import PROTECTED_ROLES, is_user_input
 from gateway.settings import ConfigError, load_settings
@@ -106,6 +109,7 @@ from gateway.wire.base import CHAT, WireFormat
 from gateway.wire.fitting import fit_request
 from gateway.wire.responses import RESPONSES
 from tests.fakes import anthropic_api, responses_api
+from tests.fakes.images import png_data_url
 from tests.fakes.validation import validate_chat_messages
 
 MODEL = "gpt-4o"
@@ -402,16 +406,20 @@ def given_loops(paths: list[Path]) -> tuple[list[AgentLoop], list[AgentLoop], st
     return loops, loops, title
 
 
-def evaluate_shell_loops(loops: list[AgentLoop], ratio: float) -> dict[str, float]:
-    """The loops as a Codex-style agent sends them on the Responses API's built-in shell (each call
-    a `shell_call`, each result a `shell_call_output`), fitted by the gateway at the same ratio of
-    their size: the columns of `evaluate_loops` that a Responses body has (shares in %)."""
-    wire, build, validate = SHAPES["resp-shell"]
+def evaluate_builtin_loops(row: str, loops: list[AgentLoop], ratio: float) -> dict[str, float]:
+    """The loops as an agent on one of the Responses API's built-in tools sends them (`BUILT_IN_ROWS`:
+    a Codex-style shell, or computer use on a reasoning model), fitted by the gateway at the same
+    ratio of their size: the columns of `evaluate_loops` that a Responses body has (shares in %).
+    A call counts as present as its item or, for computer use, as the text a changed step becomes."""
+    shape, call_type, output_type = BUILT_IN_ROWS[row]
+    wire, build, _ = {**SHAPES, **LOOP_SHAPES}[shape]
     rows: dict[str, list[float]] = {
         key: [] for key in ("fits", "valid", "task", "newest", "calls", "refused")
     }
     for loop in loops:
         body = build(loop.messages)
+        server = responses_api.ResponsesState()
+        server.remember_reasoning(body["input"])  # the model's items need the reasoning they followed
         budget = int(shape_tokens(wire, body) / ratio)
         out = fit_shape(wire, body, budget)
         fits = out is not None and shape_tokens(wire, out) <= budget
@@ -420,14 +428,15 @@ def evaluate_shell_loops(loops: list[AgentLoop], ratio: float) -> dict[str, floa
         task = next(m for m in reversed(loop.messages[: loop.step_starts[0]]) if is_user_input(m))
         rows["refused"].append(float(out is None))
         rows["fits"].append(float(fits))
-        rows["valid"].append(float(fits and validate(out) is None))
-        rows["task"].append(float(build([task])["input"][0] in items))
-        answers = [
-            i for i in body["input"] if i.get("type") == "shell_call_output" and i["call_id"] in newest
-        ]
+        rows["valid"].append(float(fits and responses_api.validate(out, server) is None))
+        asked = build([task])["input"][0]
+        rows["task"].append(float(asked in items))
+        answers = [i for i in body["input"] if i.get("type") == output_type and i["call_id"] in newest]
         rows["newest"].append(float(fits and all(answer in items for answer in answers)))
-        kept = {i["call_id"] for i in items if i.get("type") == "shell_call"}
-        rows["calls"].append(len(kept & set(loop.call_ids)) / len(loop.call_ids))
+        kept = {i["call_id"] for i in items if i.get("type") == call_type}
+        loop_items = items[items.index(asked) :] if asked in items else items  # not earlier turns'
+        as_text = sum(str(i.get("content")).startswith("[called computer") for i in loop_items)
+        rows["calls"].append((len(kept & set(loop.call_ids)) + as_text) / len(loop.call_ids))
     return {key: 100 * statistics.fmean(values) for key, values in rows.items()}
 
 
@@ -457,15 +466,17 @@ def print_loops(
                 f"{stable:6.3f}",
                 flush=True,
             )
-        if "context-gateway" in methods:
-            r = evaluate_shell_loops(loops, ratio)
+        for row, (shape, _, _) in BUILT_IN_ROWS.items() if "context-gateway" in methods else ():
+            r = evaluate_builtin_loops(row, loops, ratio)
             stable = statistics.fmean(
-                shape_stability(SHAPES["resp-shell"], loop_requests(loop), ratio) for loop in grown
+                shape_stability({**SHAPES, **LOOP_SHAPES}[shape], loop_requests(loop), ratio)
+                for loop in grown
             )
             print(
-                f"{'':>7} {'gateway, shell':<16} {r['fits']:5.0f} {r['valid']:5.0f} {r['task']:5.0f} "
+                f"{'':>7} {row:<16} {r['fits']:5.0f} {r['valid']:5.0f} {r['task']:5.0f} "
                 f"{'':>5} {r['newest']:6.0f} {'':>4} {'':>5} {r['calls']:5.0f} {'':>5} "
-                f"{r['refused']:7.0f} {'':>8} {stable:6.3f}"
+                f"{r['refused']:7.0f} {'':>8} {stable:6.3f}",
+                flush=True,
             )
         ceiling = statistics.fmean(prefix_ceiling(loop, ratio) for loop in grown)
         print(f"{'':>7} prefix ceiling for any method that keeps every new step whole: {ceiling:.3f}\n")
@@ -567,6 +578,20 @@ SHAPES: dict[str, Shape] = {
     "resp-shell": (
         RESPONSES,
         lambda messages: to_responses_shell(messages, MODEL),
+        lambda body: responses_api.validate(body, responses_api.ResponsesState()),
+    ),
+}
+# The loop table's rows of built-in tools: (shape, call item, output item). The computer shape is
+# loops only: a screenshot stands for each result, so the chat table's fact canaries do not apply.
+BUILT_IN_ROWS = {
+    "gateway, shell": ("resp-shell", "shell_call", "shell_call_output"),
+    "gateway, computer": ("resp-computer", "computer_call", "computer_call_output"),
+}
+SCREENSHOT = png_data_url(1024, 768)
+LOOP_SHAPES: dict[str, Shape] = {
+    "resp-computer": (
+        RESPONSES,
+        lambda messages: to_responses_computer(messages, MODEL, SCREENSHOT),
         lambda body: responses_api.validate(body, responses_api.ResponsesState()),
     ),
 }

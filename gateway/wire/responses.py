@@ -82,9 +82,10 @@ OUTPUT_TYPES = frozenset(kind.output for kind in CALLS.values())
 REASONED_ID_OPTIONAL = frozenset(
     {"message", "function_call", "custom_tool_call", "shell_call", "apply_patch_call"}
 )
-# Items that do not need their run's reasoning kept: those their id can be taken from, and the
-# reasoning itself. (An `item_reference` is all id: it stands for a produced item, and pins.)
-UNPINNED = REASONED_ID_OPTIONAL | {"reasoning"}
+# Items that do not need their run's reasoning kept: those their id can be taken from, a computer
+# call (which goes as text without it), and the reasoning itself. (An `item_reference` is all id:
+# it stands for a produced item, and pins.)
+UNPINNED = REASONED_ID_OPTIONAL | {"reasoning", COMPUTER_CALL}
 PINNED_REASONING = "x_context_gateway_reasoning"  # a reasoning item as a block no stage drops alone
 ENUM_CHARS = 16  # a cut built-in tool's text member up to this long is kept: it may name a kind
 
@@ -315,17 +316,20 @@ class ResponsesInput:
 
 
 def _computer_steps_changed(layout: _Layout, messages: Sequence[Message]) -> dict[object, list[Any]]:
-    """The computer calls compress changed (their action, or the screenshot answering them), by call
-    id, each with what goes after its action's text: the text standing for its screenshot, or the
-    screenshot kept whole (an input image). The API takes nothing else in a computer call's output."""
+    """The computer calls compress changed (their action, the screenshot answering them, or the
+    reasoning they followed: a call with its id needs it), by call id, each with what goes after
+    its action's text: the text standing for its screenshot, or the screenshot kept whole (an
+    input image). The API takes nothing else in a computer call's output."""
     changed: set[object] = set()
     outputs: dict[object, Any] = {}
     for message in messages:
         untouched = layout.produced.get(id(message)) is not None
-        for call in () if untouched else message.get("tool_calls") or ():
+        calls = () if untouched else message.get("tool_calls") or ()
+        lost = bool(calls) and _lost_reasoning(layout.items, dict.fromkeys(_origins(message)))
+        for call in calls:
             original = layout.items[call[ORIGIN]]
             arguments = call["function"]["arguments"]
-            if item_type(original) == COMPUTER_CALL and arguments != call_arguments(original):
+            if item_type(original) == COMPUTER_CALL and (lost or arguments != call_arguments(original)):
                 changed.add(call["id"])
         if message.get("role") == "tool" and ORIGIN in message:
             original = layout.items[message[ORIGIN]]
@@ -334,6 +338,17 @@ def _computer_steps_changed(layout: _Layout, messages: Sequence[Message]) -> dic
                 if not untouched and message.get("content") != output_content(original):
                     changed.add(message.get("tool_call_id"))
     return {call_id: _parts(outputs.get(call_id)) for call_id in changed}
+
+
+def _origins(message: Message) -> Iterator[int]:
+    """The indices of the items a run message still holds (its parts' and its calls')."""
+    content = message.get("content")
+    for part in content if isinstance(content, list) else ():
+        origin = part.get(ORIGIN) if isinstance(part, Mapping) else None
+        if isinstance(origin, int | tuple):
+            yield origin if isinstance(origin, int) else origin[0]
+    for call in message.get("tool_calls") or ():
+        yield call[ORIGIN]
 
 
 def _parts(content: Any) -> list[Any]:
@@ -392,13 +407,18 @@ def _rebuild(
         key = CALLS[str(item_type(original))].arguments
         changed = arguments != call_arguments(original)
         pieces[i] = {**original, key: _arguments_value(original.get(key), arguments)} if changed else original
-    if as_items and not any(_needs_its_reasoning(item) for item in pieces.values()):
+    if as_items and not any(_keeps_its_id(item) for item in pieces.values()):
         # What the reasoning was kept for went as text: a reasoning item is refused without the
         # item it produced.
         pieces = {i: item for i, item in pieces.items() if not _is_reasoning(item)}
     if _lost_reasoning(originals, {**pieces, **as_items}):
         pieces = {i: _without_id(item) for i, item in pieces.items()}
     return [new for i in sorted({*pieces, *as_items}) for new in as_items.get(i, [pieces.get(i)])]
+
+
+def _keeps_its_id(item: object) -> bool:
+    """An item that goes on with its id, so with its reasoning: a pinning one, or a computer call."""
+    return _needs_its_reasoning(item) or (isinstance(item, Mapping) and item_type(item) == COMPUTER_CALL)
 
 
 def _needs_its_reasoning(item: object) -> bool:

@@ -17,9 +17,9 @@ import pytest
 
 from tests.conftest import GatewayFactory
 from tests.fakes import responses_api
+from tests.fakes.images import png_data_url
 from tests.fakes.responses_api import ResponsesState
 from tests.fakes.upstream import FakeUpstream
-from tests.unit.test_tokens_counter import png_data_url
 
 MODEL = "gpt-4o"
 WINDOW = 3_000

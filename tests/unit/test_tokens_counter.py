@@ -13,7 +13,6 @@ import base64
 import json
 import math
 import struct
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,23 +24,10 @@ from gateway.tokens import counter_for
 from gateway.tokens.cache import CountCache
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import TokenCounter
+from tests.fakes.images import png_data_url
 
 Count = Callable[[str], int]
 Case = tuple[str, dict[str, Any], Callable[[Count], int]]
-
-
-def png_data_url(width: int, height: int) -> str:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    png = (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0"))
-        + chunk(b"IEND", b"")
-    )
-    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def gif_base64(width: int, height: int) -> str:

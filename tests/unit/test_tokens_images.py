@@ -6,7 +6,6 @@ import base64
 import itertools
 import math
 import struct
-import zlib
 
 import pytest
 
@@ -19,19 +18,7 @@ from gateway.tokens.images import (
     data_url_image_size,
     image_size,
 )
-
-
-def png(width: int, height: int) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0"))
-        + chunk(b"IEND", b"")
-    )
+from tests.fakes.images import png
 
 
 def gif(width: int, height: int) -> bytes:

@@ -27,8 +27,8 @@ from gateway.wire.base import WireFormat
 from gateway.wire.fitting import fit_request
 from gateway.wire.responses import ORIGIN, RESPONSES
 from tests.fakes import anthropic_api, responses_api
+from tests.fakes.images import png_data_url
 from tests.fakes.responses_api import ResponsesState
-from tests.unit.test_tokens_counter import png_data_url
 
 CLAUDE = "claude-haiku-4-5"
 GPT = "gpt-4o"
