@@ -53,6 +53,8 @@ class RequestRecord:
     tokens_after: int | None = None
     compression: tuple[str, ...] | None = None
     overflow_retry: bool | None = None
+    # True when the upstream's chat template refused the fit's markers and it went again merged.
+    merged_markers_retry: bool | None = None
     upstream_attempts: int = 0
     # Seconds until the upstream's response headers, every attempt added up.
     upstream_seconds: float = 0.0
@@ -68,7 +70,15 @@ class RequestRecord:
             "status": self.status,
             "duration_ms": round((time.perf_counter() - self.started) * 1000, 2),
         }
-        for name in ("model", "team", "stream", "tokens_before", "tokens_after", "overflow_retry"):
+        for name in (
+            "model",
+            "team",
+            "stream",
+            "tokens_before",
+            "tokens_after",
+            "overflow_retry",
+            "merged_markers_retry",
+        ):
             value = getattr(self, name)
             if value is not None:
                 entry[name] = printable(value) if isinstance(value, str) else value

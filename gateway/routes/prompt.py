@@ -252,6 +252,7 @@ async def _forward(
     if merged is not None:
         runtime.alternating.learn(chat.model)
         metrics.MERGED_MARKERS_RETRIES.inc()
+        record.merged_markers_retry = True
         await _discard(attempt)
         await _stop_if_client_left(request, merged)
         attempt = await _send(runtime, chat, merged, upstream, dialect, record)

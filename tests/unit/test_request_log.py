@@ -63,6 +63,10 @@ def test_json_line_carries_the_request_fields() -> None:
     assert entry["compression"] == ["tool_results", "truncate"]
     assert entry["upstream_attempts"] == 2 and entry["upstream_ms"] == 250.0 and entry["overhead_ms"] == 1.2
     assert entry["model"] == 'evil\\n{"forged": 1}'  # escaped: cannot forge a second line
+    assert "merged_markers_retry" not in entry  # said only when it happened
+    retried = _chat_record()
+    retried.merged_markers_retry = True
+    assert json.loads(RequestLines("json").render(retried.fields(), CREATED))["merged_markers_retry"] is True
     # The same head as every other JSON line of the process.
     other = json.loads(JsonFormatter().format(_plain("gateway.requests", "x")))
     assert {k: entry[k] for k in ("time", "level", "logger", "pid")} == {
