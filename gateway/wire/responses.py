@@ -296,18 +296,26 @@ class ResponsesInput:
         if layout.has_instructions:
             out["instructions"] = rest.pop(0)["content"]
         items: list[Any] = []
-        as_text = _computer_steps_changed(layout, rest)
+        converted = _computer_steps_changed(layout, rest)
+        later: list[Any] = []  # converted steps' screenshots kept whole: after their run's outputs
         for message in rest:
-            indices = layout.produced.get(id(message))
-            calls = {call["id"] for call in message.get("tool_calls") or ()}
-            if message.get("role") == "tool" and message.get("tool_call_id") in as_text:
+            role = message.get("role")
+            if role != "tool":
+                items += later
+                later = []
+            if role == "tool" and message.get(ORIGIN) in converted.outputs:
                 continue  # read into its call's text
-            if indices is not None and not calls & as_text.keys():  # the view's very message
+            indices = layout.produced.get(id(message))
+            calls = [call[ORIGIN] for call in message.get("tool_calls") or ()]
+            if indices is not None and not converted.shown.keys() & calls:  # the view's very message
                 items += [layout.items[i] for i in indices]
-            elif ORIGIN in message or message.get("role") == "assistant":
-                items += _rebuild(layout.items, message, as_text)
+            elif role in ("assistant", "tool"):
+                items += _rebuild(layout.items, message, converted.shown)
+                kept = (_screenshots(converted.shown.get(i)) for i in calls)
+                later += [screenshot for screenshot in kept if screenshot is not None]
             else:  # a user-side item compress changed, or its omission marker
                 items.append(message)
+        items += later
         if layout.string_input and len(items) == 1 and isinstance(items[0].get("content"), str):
             out["input"] = items[0]["content"]
         else:
@@ -315,29 +323,50 @@ class ResponsesInput:
         return out
 
 
-def _computer_steps_changed(layout: _Layout, messages: Sequence[Message]) -> dict[object, list[Any]]:
-    """The computer calls compress changed (their action, the screenshot answering them, or the
-    reasoning they followed: a call with its id needs it), by call id, each with what goes after
-    its action's text: the text standing for its screenshot, or the screenshot kept whole (an
-    input image). The API takes nothing else in a computer call's output."""
-    changed: set[object] = set()
-    outputs: dict[object, Any] = {}
+@dataclass
+class _Converted:
+    """The computer steps that go as text: by call item index, what follows the action's text (the
+    text standing for the screenshot, or the screenshot kept whole); and their outputs' indices."""
+
+    shown: dict[int, list[Any]] = field(default_factory=dict)
+    outputs: set[int] = field(default_factory=set)
+
+
+def _computer_steps_changed(layout: _Layout, messages: Sequence[Message]) -> _Converted:
+    """The computer steps compress changed: the screenshot answering them, the reasoning they
+    followed (a call with its id needs it), or a batch of actions. The API takes nothing but a
+    screenshot in a computer call's output, so such a step goes as text. Calls are told apart by
+    item, not by call id, which a client may give twice."""
+    changed: set[int] = set()
+    screenshots: dict[int, tuple[int, Any]] = {}  # call index -> (output index, its view content)
+    run: dict[object, int] = {}  # the last run's calls: call id -> call index
     for message in messages:
         untouched = layout.produced.get(id(message)) is not None
-        calls = () if untouched else message.get("tool_calls") or ()
-        lost = bool(calls) and _lost_reasoning(layout.items, dict.fromkeys(_origins(message)))
-        for call in calls:
-            original = layout.items[call[ORIGIN]]
-            arguments = call["function"]["arguments"]
-            if item_type(original) == COMPUTER_CALL and (lost or arguments != call_arguments(original)):
-                changed.add(call["id"])
+        calls = message.get("tool_calls") or ()
+        if calls:
+            run = {call["id"]: call[ORIGIN] for call in calls}
+            lost = not untouched and _lost_reasoning(layout.items, dict.fromkeys(_origins(message)))
+            for call in () if untouched else calls:
+                original = layout.items[call[ORIGIN]]
+                arguments = call["function"]["arguments"]
+                # A cut action object goes back cut, as a shell's does; a cut batch cannot.
+                cut = arguments != call_arguments(original) and not isinstance(original.get("action"), dict)
+                if item_type(original) == COMPUTER_CALL and (lost or cut):
+                    changed.add(call[ORIGIN])
         if message.get("role") == "tool" and ORIGIN in message:
             original = layout.items[message[ORIGIN]]
-            if item_type(original) == "computer_call_output":
-                outputs[message.get("tool_call_id")] = message.get("content")
+            index = run.get(message.get("tool_call_id"))
+            if item_type(original) == "computer_call_output" and index is not None:
+                screenshots[index] = (message[ORIGIN], message.get("content"))
                 if not untouched and message.get("content") != output_content(original):
-                    changed.add(message.get("tool_call_id"))
-    return {call_id: _parts(outputs.get(call_id)) for call_id in changed}
+                    changed.add(index)
+    converted = _Converted()
+    for index in changed:
+        output, content = screenshots.get(index, (None, None))
+        converted.shown[index] = _parts(content)
+        if output is not None:
+            converted.outputs.add(output)
+    return converted
 
 
 def _origins(message: Message) -> Iterator[int]:
@@ -357,21 +386,25 @@ def _parts(content: Any) -> list[Any]:
     return [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
 
 
-def _computer_call_as_text(arguments: object, shown: Sequence[Any]) -> list[Any]:
-    """A changed computer step as plain input: the action as an assistant's text, then its
-    screenshot's stand-in in the same text or, kept whole, as a user's image."""
+def _computer_call_as_text(arguments: object, shown: Sequence[Any]) -> dict[str, Any]:
+    """A changed computer step as an assistant's text: the action, then what stands for its
+    screenshot (one kept whole follows the run's outputs as a user's image: `_screenshots`)."""
     texts = [str(part.get("text", "")) for part in shown if part.get("type") == "input_text"]
-    images = [part for part in shown if part.get("type") != "input_text"]
     lines = [f"[called {CALLS[COMPUTER_CALL].name} with {arguments}]", *texts]
-    items: list[Any] = [{"role": "assistant", "content": "\n".join(lines)}]
-    return items + ([{"role": "user", "content": images}] if images else [])
+    return {"role": "assistant", "content": "\n".join(lines)}
+
+
+def _screenshots(shown: Sequence[Any] | None) -> dict[str, Any] | None:
+    """A converted step's screenshot kept whole, as a user message's image (None: it was not)."""
+    images = [part for part in shown or () if part.get("type") != "input_text"]
+    return {"role": "user", "content": images} if images else None
 
 
 def _rebuild(
-    originals: Sequence[Any], message: Message, as_text: Mapping[object, Sequence[Any]] | None = None
+    originals: Sequence[Any], message: Message, as_text: Mapping[int, Sequence[Any]] | None = None
 ) -> list[Any]:
     """The items a changed run or output message stands for, with only what changed replaced
-    (a computer step in `as_text` as text: `_computer_steps_changed`)."""
+    (a computer call in `as_text`, by item index, as text: `_computer_steps_changed`)."""
     if message.get("role") == "tool":
         original = originals[message[ORIGIN]]
         return [{**original, "output": _output_value(original, message.get("content"))}]
@@ -396,13 +429,13 @@ def _rebuild(
             pieces[i] = {**originals[i], "content": "".join(str(part.get("text", "")) for part in parts)}
         else:
             pieces[i] = {**originals[i], "content": parts}
-    as_items: dict[int, list[Any]] = {}
+    as_items: dict[int, Any] = {}
     for call in message.get("tool_calls") or ():
         i = call[ORIGIN]
         original = originals[i]
         arguments = call["function"]["arguments"]
-        if as_text and call["id"] in as_text:
-            as_items[i] = _computer_call_as_text(arguments, as_text[call["id"]])
+        if as_text and i in as_text:
+            as_items[i] = _computer_call_as_text(arguments, as_text[i])
             continue
         key = CALLS[str(item_type(original))].arguments
         changed = arguments != call_arguments(original)
@@ -413,7 +446,7 @@ def _rebuild(
         pieces = {i: item for i, item in pieces.items() if not _is_reasoning(item)}
     if _lost_reasoning(originals, {**pieces, **as_items}):
         pieces = {i: _without_id(item) for i, item in pieces.items()}
-    return [new for i in sorted({*pieces, *as_items}) for new in as_items.get(i, [pieces.get(i)])]
+    return [as_items[i] if i in as_items else pieces[i] for i in sorted({*pieces, *as_items})]
 
 
 def _keeps_its_id(item: object) -> bool:

@@ -429,6 +429,87 @@ def test_a_computer_use_loop_is_compressed_step_by_step() -> None:
     assert reasoning == {f"rs_{call['id'][3:]}" for call in calls}, "reasoning goes with its call"
 
 
+def test_computer_steps_are_told_apart_by_item_and_their_screenshots_follow_the_outputs() -> None:
+    """Found by fuzzing. Steps were matched by call id, which a client may give twice: every step
+    of a loop reusing one went as text, each with the newest screenshot, twice over the budget.
+    And a screenshot kept whole, sent as a user image where its call was (a batch of actions cut
+    goes as text), landed between another call of the run and that call's output."""
+    click = {"type": "click", "button": "left", "x": 1, "y": 1}
+    same: list[dict[str, Any]] = [{"role": "user", "content": "Book the flight."}]
+    for k in range(6):
+        call = {"type": "computer_call", "id": f"cu_{k}", "call_id": "call_same", "action": click}
+        shot = {"type": "computer_screenshot", "image_url": png_data_url(1024 - k, 768)}
+        same += [
+            {**call, "pending_safety_checks": [], "status": "completed"},
+            {"type": "computer_call_output", "call_id": "call_same", "output": shot},
+        ]
+    typed = {"type": "type", "text": "lorem ipsum dolor sit amet " * 400}
+    shot = {"type": "computer_screenshot", "image_url": f"data:image/png;base64,{PIXEL_PNG}"}
+    mixed: list[dict[str, Any]] = [
+        {"role": "user", "content": "Fill in the form."},
+        {"type": "function_call", "id": "fc_2", "call_id": "f2", "name": "run", "arguments": '{"cmd":"ls"}'},
+        {
+            "type": "computer_call",
+            "id": "cu_1",
+            "call_id": "c1",
+            "actions": [typed],
+            "pending_safety_checks": [],
+        },
+        {"type": "computer_call_output", "call_id": "c1", "output": shot},
+        {"type": "function_call_output", "call_id": "f2", "output": "a.txt"},
+    ]
+    mixed[2]["status"] = "completed"
+    for items, share in ((same, 2), (mixed, 3)):
+        body = {"model": GPT, "input": items}
+        total = counter_for(GPT).request(RESPONSES.view(body).counted)
+        out, _ = fitted(RESPONSES, body, GPT, total // share)
+        assert out is not None and responses_api.validate(out, ResponsesState()) is None
+        view = RESPONSES.view(out)
+        assert view.fittable, "no message between a call and its output"
+        assert counter_for(GPT).request(view.counted) <= total // share
+    assert out["input"][-1]["role"] == "user", "the kept screenshot follows the run's outputs"
+    assert out["input"][-2] == mixed[-1]
+
+
+def test_a_computer_action_cut_alone_stays_a_call() -> None:
+    """The newest step's long typed text, cut by the last-resort trim while its screenshot stays
+    whole: the call goes back with its action cut, as a shell call's does, its reasoning and
+    screenshot with it, rather than as text."""
+    typed = {"type": "type", "text": "quarterly revenue grew " * 300}
+    shot = {"type": "computer_screenshot", "image_url": png_data_url(1024, 768)}
+    call = {"type": "computer_call", "id": "cu_1", "call_id": "c1", "action": typed}
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "Write the report."},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e" * 80},
+        {**call, "pending_safety_checks": [], "status": "completed"},
+        {"type": "computer_call_output", "call_id": "c1", "output": shot},
+    ]
+    server = ResponsesState()
+    server.remember_reasoning(items)
+    body = {"model": GPT, "input": items}
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    out, _ = fitted(RESPONSES, body, GPT, int(total * 0.9))
+    assert out is not None and responses_api.validate(out, server) is None
+    sent = out["input"][2]
+    assert sent["type"] == "computer_call" and sent["action"]["type"] == "type"
+    assert len(sent["action"]["text"]) < len(typed["text"])
+    assert out["input"][1] == items[1] and out["input"][3] == items[3], "its reasoning and screenshot"
+
+
+def test_a_client_field_named_like_the_bookkeeping_is_kept() -> None:
+    """A client's item carrying the key the view marks its own items with was dropped once compress
+    changed it (the task went missing). User-side items are the client's, whatever their keys."""
+    items = [
+        {"role": "user", "content": "task " * 3000, ORIGIN: 1},
+        {"role": "assistant", "content": "ok " * 200},
+        {"role": "user", "content": "next " * 50},
+    ]
+    body = {"model": GPT, "input": items}
+    total = counter_for(GPT).request(RESPONSES.view(body).counted)
+    out, _ = fitted(RESPONSES, body, GPT, total // 4)
+    assert out is not None and len(out["input"]) == 3 and out["input"][0][ORIGIN] == 1
+
+
 def test_reasoning_stays_beside_an_item_that_cannot_go_without_its_id() -> None:
     """A server-run tool's call (web search) cannot be sent without its id, and with its id it needs
     the reasoning it followed: that reasoning is dropped only with its whole turn."""
