@@ -11,6 +11,12 @@ what the result held (its text, and its images or documents as they were), less 
 The fit was chosen for the blocks' tokens, so a message whose text would cost more (a long
 tool name in every heading) takes the bare form instead: the call's tool name alone, the
 result's content alone, each smaller than its block.
+
+The same holds in chat completions sent to Claude through a gateway that keeps its signed
+thinking on the assistant message (litellm's `thinking_blocks`, OpenRouter's
+`reasoning_details`): there the tool results are `role: tool` messages, which become the
+last user turn's tool_result blocks, and the step goes on as an assistant's text and user
+messages.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from gateway.compress.units import Message
 from gateway.tokens.formats import compact_json
 
 SIGNED_THINKING = frozenset({"thinking", "redacted_thinking"})
+# Where chat completions carry Claude's signed thinking: litellm's field, OpenRouter's.
+CHAT_SIGNED = ("thinking_blocks", "reasoning_details")
 
 
 def unpinned(
@@ -36,11 +44,16 @@ def unpinned(
     start = len(messages)
     while start > 0 and messages[start - 1].get("role") == "user":
         start -= 1
+    users = start
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
     if start == 0 or start == len(messages) or messages[start - 1].get("role") != "assistant":
         return {}
     assistant, original = messages[start - 1], originals[start - 1]
     if original is None or not starts_with_thinking(original) or starts_with_thinking(assistant):
         return {}
+    if start < users:  # chat completions: the step's results are tool messages
+        return _chat_step_as_text(messages, start - 1, users, cost)
     calls = _calls(assistant)
     answered = [
         index
@@ -73,9 +86,60 @@ def _blocks(message: Message) -> list[Mapping[str, Any]]:
     return [block for block in content if isinstance(block, Mapping)] if isinstance(content, list) else []
 
 
+def _chat_step_as_text(
+    messages: Sequence[Message], at: int, end: int, cost: Callable[[Message], int]
+) -> dict[int, Message]:
+    """The chat step at `at` (an assistant's tool_calls, its tool messages up to `end`) as text:
+    each call a line of the assistant's content, each result a user message. Only where the
+    whole step costs no more than it did (else the bare form: names, contents; else as it is)."""
+    assistant = messages[at]
+    calls = assistant.get("tool_calls")
+    asked = (
+        [_chat_call(call) for call in calls if isinstance(call, Mapping)] if isinstance(calls, list) else []
+    )
+    names = {call_id: name for call_id, name, _ in asked}
+    text = assistant.get("content")
+    prose = [text] if isinstance(text, str) and text else []
+    said = {key: value for key, value in assistant.items() if key != "tool_calls"}
+    for bare in (False, True):
+        lines = [f"[called {name}]" if bare else f"[called {name} with {given}]" for _, name, given in asked]
+        changed: dict[int, Message] = {at: {**said, "content": "\n".join([*prose, *lines])}}
+        for index in range(at + 1, end):
+            result = messages[index]
+            heading = "" if bare else f"[{names.get(result.get('tool_call_id'))} returned:]"
+            changed[index] = {"role": "user", "content": _chat_result(result.get("content"), heading)}
+        if sum(map(cost, changed.values())) <= sum(cost(messages[i]) for i in changed):
+            return changed
+    return {}
+
+
+def _chat_call(call: Mapping[str, Any]) -> tuple[object, object, str]:
+    """(id, tool name, what it was given) of a chat tool call, a function's or a custom tool's."""
+    kind = "custom" if call.get("type") == "custom" else "function"
+    request = call.get(kind)
+    request = request if isinstance(request, Mapping) else {}
+    given = request.get("input" if kind == "custom" else "arguments")
+    return call.get("id"), request.get("name"), given if isinstance(given, str) else ""
+
+
+def _chat_result(content: Any, heading: str) -> Any:
+    """A tool message's content as a user message's: its text under the heading (never blank)."""
+    if isinstance(content, str):
+        body = content if content.strip() else "[result]"
+        return f"{heading}\n{body}" if heading else body
+    parts = [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
+    kept = [part for part in parts if _worth_a_block(part)]
+    if not kept:
+        return heading or "[result]"
+    return [{"type": "text", "text": heading}, *kept] if heading else kept
+
+
 def starts_with_thinking(message: Message) -> bool:
-    """An assistant turn as the Messages API requires it before the final tool results. (Asked
-    of every message of every fit: it reads as far as the first block, no further.)"""
+    """An assistant turn as the Messages API requires it before the final tool results: its first
+    block signed thinking, or in chat completions signed thinking beside it (`CHAT_SIGNED`).
+    (Asked of every message of every fit: it reads as far as the first block, no further.)"""
+    if any(isinstance(message.get(key), list) and message[key] for key in CHAT_SIGNED):
+        return True
     content = message.get("content")
     first = (
         next((block for block in content if isinstance(block, Mapping)), None)

@@ -81,7 +81,9 @@ from tests.fakes.responses_api import ResponsesState
 from tests.fakes.tokens import count_prompt, count_text, estimate, warm_up
 from tests.fakes.validation import (
     alternates,
+    check_final_thinking,
     check_reasoning_passed_back,
+    thinking_enabled,
     thinking_mode,
     validate_chat_messages,
 )
@@ -214,6 +216,8 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
         message, param = invalid
         return _error(400, message, param=param)
     missing = check_reasoning_passed_back(body["messages"]) if thinking_mode(body) else None
+    claude = thinking_enabled(body) and str(body.get("model", "")).startswith("claude")
+    missing = missing or (check_final_thinking(body["messages"]) if claude else None)
     if missing is not None:
         return _error(400, missing)
     if fake.alternating_roles and not alternates(body["messages"]):

@@ -198,10 +198,47 @@ MISSING_REASONING = (
 
 
 def thinking_mode(body: Mapping[str, Any]) -> bool:
-    """DeepSeek's thinking mode: a reasoner model, or `thinking: {"type": "enabled"}`."""
+    """DeepSeek's thinking mode: a reasoner model, or `thinking: {"type": "enabled"}` (for any
+    model but Claude's, whose rule is `check_final_thinking`)."""
+    model = str(body.get("model", ""))
+    return (thinking_enabled(body) and not model.startswith("claude")) or model.startswith(
+        DEEPSEEK_THINKING_MODELS
+    )
+
+
+def thinking_enabled(body: Mapping[str, Any]) -> bool:
     thinking = body.get("thinking")
-    enabled = isinstance(thinking, Mapping) and thinking.get("type") == "enabled"
-    return enabled or str(body.get("model", "")).startswith(DEEPSEEK_THINKING_MODELS)
+    return isinstance(thinking, Mapping) and thinking.get("type") == "enabled"
+
+
+# Claude's rule as a gateway in front of it (litellm) answers it for chat completions, its signed
+# thinking carried beside the assistant message.
+FINAL_THINKING = (
+    "messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `tool_use`. "
+    "When `thinking` is enabled, a final `assistant` message must start with a thinking block "
+    "(preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include "
+    "thinking blocks from previous turns. To avoid this requirement, disable `thinking`."
+)
+CHAT_SIGNED = ("thinking_blocks", "reasoning_details")
+
+
+def check_final_thinking(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """Claude with thinking on, through chat completions: where the last user turn carries tool
+    results (tool messages, then any user messages), the assistant they answer carries its signed
+    thinking (litellm's `thinking_blocks`, OpenRouter's `reasoning_details`)."""
+    end = len(messages)
+    while end > 0 and messages[end - 1].get("role") == "user":
+        end -= 1
+    start = end
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    if start == end or start == 0 or messages[start - 1].get("role") != "assistant":
+        return None
+    assistant = messages[start - 1]
+    if any(isinstance(assistant.get(key), list) and assistant[key] for key in CHAT_SIGNED):
+        return None
+    system = sum(1 for m in messages[:start] if m.get("role") in ("system", "developer"))
+    return FINAL_THINKING.format(index=start - 1 - system)
 
 
 def check_reasoning_passed_back(messages: Sequence[Mapping[str, Any]]) -> str | None:

@@ -316,3 +316,44 @@ def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
     assert merged.status_code == 200 and "drop_turns" in merged.headers["x-gateway-compression"]
     sent = fake_upstream.received[-1].json["messages"]
     assert sent[-1]["content"] == LATEST and "earlier messages omitted" in json.dumps(sent)
+
+
+def test_claude_through_chat_completions_keeps_its_thinking_rule(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """Claude with thinking on behind a chat-completions gateway (litellm: signed thinking as
+    `thinking_blocks`) refuses a prompt whose last tool results answer an assistant message
+    without its thinking. Compressing such a conversation dropped that older step's thinking;
+    the step now goes on as text and the request is answered."""
+    claude = "claude-sonnet-4-5"
+    fake_upstream.window = WINDOW
+    signed = [{"type": "thinking", "thinking": "plan " * 300, "signature": "sig"}]
+    chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
+    for turn in range(12):
+        chat += [
+            {"role": "user", "content": f"Question {turn}: " + "why is the build slow? " * 30},
+            {
+                "role": "assistant",
+                "content": f"Answer {turn}: " + "the cache was cold. " * 30,
+                "thinking_blocks": signed,
+            },
+        ]
+    call = {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "pytest"}'}}
+    chat += [
+        {"role": "user", "content": "Run the tests."},
+        {"role": "assistant", "content": None, "thinking_blocks": signed, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3 failed, 97 passed"},
+        {"role": "user", "content": LATEST},
+    ]
+    url = start_gateway(GATEWAY_MODELS=json.dumps({claude: {"context_window": WINDOW}}))
+    body = {
+        "model": claude,
+        "messages": chat,
+        "max_tokens": 200,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    answer = httpx.post(url + "/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    assert "reasoning" in answer.headers["x-gateway-compression"]
+    sent = fake_upstream.requests_to("/v1/chat/completions")[-1].json["messages"]
+    assert sent[-1]["content"] == LATEST and '[called run with {"cmd": "pytest"}]' in sent[-3]["content"]

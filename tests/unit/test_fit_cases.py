@@ -15,7 +15,7 @@ from gateway.compress.signed_thinking import unpinned
 from gateway.tokens.counter import counter_for
 from tests.fakes import anthropic_api
 from tests.fakes.anthropic_api import final_thinking_error
-from tests.fakes.validation import validate_chat_messages
+from tests.fakes.validation import check_final_thinking, validate_chat_messages
 
 MODEL = "gpt-4o"
 COUNTER = counter_for(MODEL)
@@ -444,6 +444,55 @@ def test_a_step_turned_to_text_never_sends_a_text_block_of_whitespace_alone() ->
     ]
     body = {"model": "claude-sonnet-4-5", "max_tokens": 2048, "messages": out}
     assert anthropic_api.validate({**body, "thinking": {"type": "enabled", "budget_tokens": 1024}}) is None
+
+
+def test_a_chat_step_answered_last_keeps_claudes_thinking_rule() -> None:
+    """Claude with thinking on, through chat completions (litellm keeps its signed thinking as
+    `thinking_blocks`): the tool results right before the latest question form the last user
+    turn, and the assistant they answer must carry its thinking. It is an older turn's step, so
+    stage 1 dropped that thinking and the request was refused ("Expected `thinking` or
+    `redacted_thinking`, but found `tool_use`"). The step goes on as text, within the budget."""
+    answer = " ".join(f"Sentence {k} explains a detail of the build and its cache." for k in range(80))
+
+    def signed(text: str) -> list[dict[str, Any]]:
+        return [{"type": "thinking", "thinking": text, "signature": "sig-" + text[:8]}]
+
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}]
+    for turn in range(6):
+        messages += [
+            {"role": "user", "content": f"Question {turn}: {answer}"},
+            {
+                "role": "assistant",
+                "content": f"Answer {turn}: {answer}",
+                "thinking_blocks": signed("hm " * 200),
+            },
+        ]
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd":"pytest"}'}}
+    messages += [
+        {"role": "user", "content": "Run the tests."},
+        {
+            "role": "assistant",
+            "content": None,
+            "thinking_blocks": signed("run pytest " * 80),
+            "tool_calls": [call],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": "\n".join(f"test_{k} passed" for k in range(100)),
+        },
+        {"role": "user", "content": "Thanks. Now what is failing?"},
+    ]
+    assert check_final_thinking(messages) is None
+    for budget in (9000, 3000):
+        result = fit(messages, model="claude-sonnet-4-5", budget_tokens=budget)
+        out = list(result.messages)
+        assert "reasoning" in result.stages and check_final_thinking(out) is None
+        assert result.tokens_after >= COUNTER.messages(out) and COUNTER.messages(out) <= budget
+        assert validate_chat_messages(out) is None
+        assert out[-3]["content"] == '[called bash with {"cmd":"pytest"}]' and "tool_calls" not in out[-3]
+        assert out[-2]["role"] == "user" and out[-2]["content"].startswith("[bash returned:]\n")
+        assert out[-1] == messages[-1]
 
 
 DEEP_JSON = "[" * 300 + ",".join(['"word"'] * 3000) + "]" * 300  # valid; deeper than orjson writes
