@@ -31,16 +31,19 @@ from gateway.tokens.formats import compact_json
 SIGNED_THINKING = frozenset({"thinking", "redacted_thinking"})
 # Where chat completions carry Claude's signed thinking: litellm's field, OpenRouter's.
 CHAT_SIGNED = ("thinking_blocks", "reasoning_details")
+TOOL_MESSAGE_KEYS = frozenset({"role", "content", "tool_call_id", "name"})  # the rest go on, unknown
 
 
 def unpinned(
     messages: Sequence[Message], originals: Sequence[Message | None], cost: Callable[[Message], int]
 ) -> dict[int, Message]:
-    """The messages to replace (by index) so that the last user messages' tool results answer an
-    assistant turn that starts with thinking, where its original (`originals`, parallel to
-    `messages`; None for a message the fit added) did; empty when nothing needs to change.
-    No message costs more than before (`cost`: its tokens): where the readable form would, the
-    bare one goes (the tool's name alone for a call, the result's content alone)."""
+    """For a conversation that carries signed thinking: the messages to replace (by index) so
+    that the last user messages' tool results answer an assistant turn that starts with
+    thinking; empty when nothing needs to change. The step there lost its thinking, or never
+    had it and dropping brought it there (a step from before thinking was switched on).
+    `originals` is parallel to `messages` (None for a message the fit added). No message costs
+    more than before (`cost`: its tokens): where the readable form would, the bare one goes (the
+    tool's name alone for a call, the result's content alone)."""
     start = len(messages)
     while start > 0 and messages[start - 1].get("role") == "user":
         start -= 1
@@ -50,7 +53,12 @@ def unpinned(
     if start == 0 or start == len(messages) or messages[start - 1].get("role") != "assistant":
         return {}
     assistant, original = messages[start - 1], originals[start - 1]
-    if original is None or not starts_with_thinking(original) or starts_with_thinking(assistant):
+    if original is None or starts_with_thinking(assistant):
+        return {}
+    # A step without thinking of its own is changed only where dropping brought it there (a
+    # marker among the last user messages): otherwise the client sent it so (the newest step).
+    dropped_after = any(originals[index] is None for index in range(users, len(messages)))
+    if not (starts_with_thinking(original) or dropped_after):
         return {}
     if start < users:  # chat completions: the step's results are tool messages
         return _chat_step_as_text(messages, start - 1, users, cost)
@@ -98,19 +106,25 @@ def _chat_step_as_text(
         [_chat_call(call) for call in calls if isinstance(call, Mapping)] if isinstance(calls, list) else []
     )
     names = {call_id: name for call_id, name, _ in asked}
-    text = assistant.get("content")
-    prose = [text] if isinstance(text, str) and text else []
     said = {key: value for key, value in assistant.items() if key != "tool_calls"}
     for bare in (False, True):
         lines = [f"[called {name}]" if bare else f"[called {name} with {given}]" for _, name, given in asked]
-        changed: dict[int, Message] = {at: {**said, "content": "\n".join([*prose, *lines])}}
+        changed: dict[int, Message] = {at: {**said, "content": _with_lines(assistant.get("content"), lines)}}
         for index in range(at + 1, end):
             result = messages[index]
             heading = "" if bare else f"[{names.get(result.get('tool_call_id'))} returned:]"
-            changed[index] = {"role": "user", "content": _chat_result(result.get("content"), heading)}
+            kept = {key: value for key, value in result.items() if key not in TOOL_MESSAGE_KEYS}
+            changed[index] = {**kept, "role": "user", "content": _chat_result(result.get("content"), heading)}
         if sum(map(cost, changed.values())) <= sum(cost(messages[i]) for i in changed):
             return changed
     return {}
+
+
+def _with_lines(content: Any, lines: list[str]) -> Any:
+    """An assistant's content with the call lines after what it said (text, or its parts)."""
+    if isinstance(content, list) and content:
+        return [*content, {"type": "text", "text": "\n".join(lines)}]
+    return "\n".join([content, *lines] if isinstance(content, str) and content else lines)
 
 
 def _chat_call(call: Mapping[str, Any]) -> tuple[object, object, str]:

@@ -213,7 +213,7 @@ async def _forward(
     chat, upstream = planning.chat, planning.upstream
     await _stop_if_client_left(request, plan)
     record: RequestRecord = request.state.record
-    attempt = await _send(runtime, chat, plan, upstream, dialect, record)
+    attempt = await _send_fitted(request, runtime, chat, plan, upstream, dialect)
     metrics.PROMPT_TOKENS.inc(plan.tokens_before)
     record.tokens_before = plan.tokens_before
     retried = False
@@ -231,7 +231,7 @@ async def _forward(
         retried = True
         await _discard(attempt)
         await _stop_if_client_left(request, retry_plan)
-        attempt = await _send(runtime, chat, retry_plan, upstream, dialect, record)
+        attempt = await _send_fitted(request, runtime, chat, retry_plan, upstream, dialect)
         if attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
             runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
@@ -245,17 +245,16 @@ async def _forward(
                 + ".",
                 param=chat.wire.prompt_field,
                 code="context_length_exceeded",
-                headers=dict(gateway_headers(retry_plan, retried=True, admission=admission)),
+                headers=dict(
+                    gateway_headers(
+                        attempt.plan,
+                        retried=True,
+                        admission=admission,
+                        merged_markers=bool(record.merged_markers_retry),
+                    )
+                ),
             )
         metrics.OVERFLOW_RETRIES.labels("recovered").inc()
-    merged = _merged_markers(runtime, chat, attempt)
-    if merged is not None:
-        runtime.alternating.learn(chat.model)
-        metrics.MERGED_MARKERS_RETRIES.inc()
-        record.merged_markers_retry = True
-        await _discard(attempt)
-        await _stop_if_client_left(request, merged)
-        attempt = await _send(runtime, chat, merged, upstream, dialect, record)
 
     final_plan = attempt.plan
     record.tokens_after, record.compression = final_plan.tokens_after, final_plan.stages
@@ -268,7 +267,7 @@ async def _forward(
         reply_headers,
         request_id=request_id,
         extra=gateway_headers(
-            final_plan, retried=retried, admission=admission, merged_markers=merged is not None
+            final_plan, retried=retried, admission=admission, merged_markers=bool(record.merged_markers_retry)
         ),
     )
     idle = runtime.settings.upstream.timeouts.idle
@@ -361,6 +360,29 @@ async def _send(
         attempt.stream_head, attempt.stream_rest = await first_chunk(reply, idle, dialect.head_complete)
         attempt.overflow = classify_stream_error(attempt.stream_head, plan.body)
     return attempt
+
+
+async def _send_fitted(
+    request: Request,
+    runtime: Runtime,
+    chat: ChatRequest,
+    plan: Plan,
+    upstream: Upstreaming,
+    dialect: Dialect,
+) -> Attempt:
+    """`_send`, and where the upstream's chat template refused the fit's markers, the same fit
+    again with them merged (the model remembered): the attempt the overflow logic then reads."""
+    record: RequestRecord = request.state.record
+    attempt = await _send(runtime, chat, plan, upstream, dialect, record)
+    merged = _merged_markers(runtime, chat, attempt)
+    if merged is None:
+        return attempt
+    runtime.alternating.learn(chat.model)
+    metrics.MERGED_MARKERS_RETRIES.inc()
+    record.merged_markers_retry = True
+    await _discard(attempt)
+    await _stop_if_client_left(request, merged)
+    return await _send(runtime, chat, merged, upstream, dialect, record)
 
 
 def _merged_markers(runtime: Runtime, chat: ChatRequest, attempt: Attempt) -> Plan | None:

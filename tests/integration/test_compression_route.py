@@ -318,6 +318,29 @@ def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
     assert sent[-1]["content"] == LATEST and "earlier messages omitted" in json.dumps(sent)
 
 
+def test_a_merged_retry_that_overflows_is_retried_compressed(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """vLLM applies the chat template before it checks the length: a window configured larger than
+    the served one had the first request refused for its markers, then, sent merged, for its
+    length, and that overflow went to the client. Each send now gets the merged retry, then the
+    overflow logic reads what came of it."""
+    fake_upstream.window = 4_000
+    fake_upstream.alternating_roles = True
+    chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
+    for turn in range(40):
+        chat += [
+            {"role": "user", "content": f"Question {turn}: " + "why is the build slow? " * 30},
+            {"role": "assistant", "content": f"Answer {turn}: " + "the cache was cold. " * 30},
+        ]
+    chat.append({"role": "user", "content": LATEST})
+    url = start_gateway(GATEWAY_MODELS=MODELS)  # 6,000 configured: more than the upstream serves
+    answer = httpx.post(url + "/chat/completions", json={"model": MODEL, "messages": chat, "max_tokens": 200})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-gateway-retry"] == "overflow,merged_markers"
+    assert len(fake_upstream.requests_to("/v1/chat/completions")) == 3, "refused, overflowed, answered"
+
+
 def test_claude_through_chat_completions_keeps_its_thinking_rule(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:

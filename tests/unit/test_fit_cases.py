@@ -361,7 +361,6 @@ def test_a_step_turned_to_text_keeps_its_media_and_cache_breakpoint() -> None:
         {"role": "user", "content": "Why did it fail?"},
     ]
     thought = {**messages[1], "content": [_thinking("Shoot."), *messages[1]["content"]]}
-    assert unpinned(messages, messages, COUNTER.message) == {}  # no thinking was dropped: none to keep
     changed = unpinned(messages, [messages[0], thought, *messages[2:]], COUNTER.message)
     assert sorted(changed) == [1, 2]
     assert changed[2]["content"] == [
@@ -493,6 +492,65 @@ def test_a_chat_step_answered_last_keeps_claudes_thinking_rule() -> None:
         assert out[-3]["content"] == '[called bash with {"cmd":"pytest"}]' and "tool_calls" not in out[-3]
         assert out[-2]["role"] == "user" and out[-2]["content"].startswith("[bash returned:]\n")
         assert out[-1] == messages[-1]
+
+
+def test_a_chat_step_taken_to_text_keeps_what_the_assistant_said_in_parts() -> None:
+    """Found by fuzzing: an assistant's content given as parts was replaced by the call lines."""
+    signed = [{"type": "thinking", "thinking": "hm " * 300, "signature": "sig"}]
+    filler = " ".join(f"Sentence {k} explains a detail of the build and its cache." for k in range(80))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."}]
+    for turn in range(6):
+        messages += [
+            {"role": "user", "content": f"Q{turn} {filler}"},
+            {"role": "assistant", "content": f"A{turn} {filler}", "thinking_blocks": signed},
+        ]
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd":"pytest"}'}}
+    said = [{"type": "text", "text": "I will run pytest now."}]
+    messages += [
+        {"role": "user", "content": "Run the tests."},
+        {"role": "assistant", "content": said, "thinking_blocks": signed, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3 failed"},
+        {"role": "user", "content": "Now what?"},
+    ]
+    out = fit(messages, model="claude-sonnet-4-5", budget_tokens=3000).messages
+    assert check_final_thinking(out) is None
+    assert out[-3]["content"] == [*said, {"type": "text", "text": '[called bash with {"cmd":"pytest"}]'}]
+
+
+def test_a_step_from_before_thinking_was_on_is_taken_to_text_where_dropping_leaves_it() -> None:
+    """Found by fuzzing: the thinking step before the last question was dropped, which left an
+    older step, from before thinking was switched on, answered by the last user turn; having no
+    thinking to lose, it was left as tool calls, and Claude refused the prompt."""
+    thought = [{"type": "reasoning.text", "text": "let me run the tests", "signature": "s"}]
+    pytest_call = {
+        "id": "call_2",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"cmd":"pytest"}'},
+    }
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "List the files."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": ""},
+        {"role": "user", "content": "Run the tests."},
+        {
+            "role": "assistant",
+            "content": "Running. " * 8,
+            "reasoning_details": thought,
+            "tool_calls": [pytest_call],
+        },
+        {"role": "tool", "tool_call_id": "call_2", "content": "the network fixture failed " * 60},
+        {"role": "user", "content": "Which fixture failed, and in which module?"},
+    ]
+    assert check_final_thinking(messages) is None
+    for budget in range(120, 400, 10):
+        out = list(fit(messages, model="claude-sonnet-4-5", budget_tokens=budget).messages)
+        assert check_final_thinking(out) is None and validate_chat_messages(out) is None, budget
 
 
 DEEP_JSON = "[" * 300 + ",".join(['"word"'] * 3000) + "]" * 300  # valid; deeper than orjson writes
