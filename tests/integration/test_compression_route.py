@@ -280,6 +280,17 @@ def test_aggressive_keeps_less_than_auto_when_auto_uses_its_room(
     assert aggressive_after <= 0.7 * budget
 
 
+def _forty_turns() -> list[dict[str, object]]:
+    """A chat of 40 question-and-answer turns and the latest question: over WINDOW, so it drops turns."""
+    chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
+    for turn in range(40):
+        chat += [
+            {"role": "user", "content": f"Question {turn}: " + "why is the build slow? " * 30},
+            {"role": "assistant", "content": f"Answer {turn}: " + "the cache was cold. " * 30},
+        ]
+    return [*chat, {"role": "user", "content": LATEST}]
+
+
 def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
@@ -288,13 +299,7 @@ def test_merged_markers_serve_a_model_whose_template_needs_alternating_roles(
     it, the refused request goes again merged and the model is remembered."""
     fake_upstream.window = WINDOW
     fake_upstream.alternating_roles = True
-    chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
-    for turn in range(40):
-        chat += [
-            {"role": "user", "content": f"Question {turn}: " + "why is the build slow? " * 30},
-            {"role": "assistant", "content": f"Answer {turn}: " + "the cache was cold. " * 30},
-        ]
-    chat.append({"role": "user", "content": LATEST})
+    chat = _forty_turns()
     body = {"model": MODEL, "messages": chat, "max_tokens": 200}
     url = start_gateway(GATEWAY_MODELS=MODELS) + "/chat/completions"
     chats = "/v1/chat/completions"
@@ -327,13 +332,7 @@ def test_a_merged_retry_that_overflows_is_retried_compressed(
     overflow logic reads what came of it."""
     fake_upstream.window = 4_000
     fake_upstream.alternating_roles = True
-    chat: list[dict[str, object]] = [{"role": "system", "content": SYSTEM_RULE}]
-    for turn in range(40):
-        chat += [
-            {"role": "user", "content": f"Question {turn}: " + "why is the build slow? " * 30},
-            {"role": "assistant", "content": f"Answer {turn}: " + "the cache was cold. " * 30},
-        ]
-    chat.append({"role": "user", "content": LATEST})
+    chat = _forty_turns()
     url = start_gateway(GATEWAY_MODELS=MODELS)  # 6,000 configured: more than the upstream serves
     answer = httpx.post(url + "/chat/completions", json={"model": MODEL, "messages": chat, "max_tokens": 200})
     assert answer.status_code == 200, answer.text

@@ -374,26 +374,36 @@ def test_a_step_turned_to_text_keeps_its_media_and_cache_breakpoint() -> None:
     assert unpinned(kept, kept, COUNTER.message) == {}
 
 
-def test_a_step_turned_to_text_never_costs_more_than_its_blocks() -> None:
-    """A long tool name in every result's heading made the text dearer than the blocks, and the
-    fit, chosen for the blocks, came back over its budget: such a step takes the bare form."""
-    name = "search_the_internal_knowledge_base_for_documents"
+SEARCH_TOOL = "search_the_internal_knowledge_base_for_documents"
+
+
+def _thirty_searches(results: list[Any]) -> list[dict[str, Any]]:
+    """An old question and answer, then a thinking step of 30 searches (a long tool name) with
+    `results`, answered by the last user messages."""
     ids = [f"t{i}" for i in range(30)]
-    messages: list[dict[str, Any]] = [
+    uses = [{"type": "tool_use", "id": i, "name": SEARCH_TOOL, "input": {}} for i in ids]
+    return [
         {"role": "user", "content": "Earlier question " + "about the build config " * 600},
         {"role": "assistant", "content": "Earlier answer " + "with some details " * 600},
         {"role": "user", "content": "Look it up."},
+        {"role": "assistant", "content": [_thinking("I should search."), *uses]},
         {
-            "role": "assistant",
+            "role": "user",
             "content": [
-                _thinking("I should search."),
-                *[{"type": "tool_use", "id": i, "name": name, "input": {}} for i in ids],
+                {"type": "tool_result", "tool_use_id": i, "content": result}
+                for i, result in zip(ids, results, strict=True)
             ],
         },
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": ""} for i in ids]},
         {"role": "user", "content": "thanks"},
         {"role": "user", "content": "and now?"},
     ]
+
+
+def test_a_step_turned_to_text_never_costs_more_than_its_blocks() -> None:
+    """A long tool name in every result's heading made the text dearer than the blocks, and the
+    fit, chosen for the blocks, came back over its budget: such a step takes the bare form."""
+    name = SEARCH_TOOL
+    messages = _thirty_searches(["" for _ in range(30)])
     result = fit(messages, model="gpt-4o", budget_tokens=895)
     out = list(result.messages)
     assert result.tokens_after == COUNTER.messages(out) <= 895
@@ -408,30 +418,8 @@ def test_a_step_turned_to_text_never_sends_a_text_block_of_whitespace_alone() ->
     text block of whitespace alone, which the Messages API refuses ("text content blocks must
     contain non-whitespace text"): such a result reads as `[result]`, and whitespace parts of a
     result's blocks stay behind."""
-    name = "search_the_internal_knowledge_base_for_documents"
-    ids = [f"t{i}" for i in range(30)]
     outputs: list[Any] = ["\n", " \n ", [{"type": "text", "text": "\n"}, {"type": "text", "text": "found 2"}]]
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "Earlier question " + "about the build config " * 600},
-        {"role": "assistant", "content": "Earlier answer " + "with some details " * 600},
-        {"role": "user", "content": "Look it up."},
-        {
-            "role": "assistant",
-            "content": [
-                _thinking("I should search."),
-                *[{"type": "tool_use", "id": i, "name": name, "input": {}} for i in ids],
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {"type": "tool_result", "tool_use_id": i, "content": outputs[k % 3]}
-                for k, i in enumerate(ids)
-            ],
-        },
-        {"role": "user", "content": "thanks"},
-        {"role": "user", "content": "and now?"},
-    ]
+    messages = _thirty_searches([outputs[k % 3] for k in range(30)])
     result = fit(messages, model="gpt-4o", budget_tokens=1000)
     out = list(result.messages)
     assert result.tokens_after == COUNTER.messages(out) <= 1000
