@@ -21,10 +21,11 @@ paired and whole:
   compress as one of functions does. A shell output's chunks read as one
   text; changed, they go back as one chunk with the last one's outcome. A
   computer call's screenshot reads as an image; the API takes nothing but a
-  screenshot in its output, so a computer step compress changed goes back as
-  text in an assistant message (the action, then what stands for the
-  screenshot; one kept whole follows as a user image), without the reasoning
-  the call pinned;
+  screenshot in its output, so a computer step whose screenshot or reasoning
+  compress dropped goes back as text in an assistant message (the action,
+  then what stands for the screenshot; one kept whole follows the run's
+  outputs as a user image), without its reasoning; a cut action object stays
+  a call, as a shell's does;
 - the API refuses an item sent with the id a reasoning model gave it but
   without the reasoning item it followed: where compress dropped a run's
   reasoning, its other items go without their ids (plain input), and a run
@@ -348,10 +349,11 @@ def _computer_steps_changed(layout: _Layout, messages: Sequence[Message]) -> _Co
             lost = not untouched and _lost_reasoning(layout.items, dict.fromkeys(_origins(message)))
             for call in () if untouched else calls:
                 original = layout.items[call[ORIGIN]]
-                arguments = call["function"]["arguments"]
+                if item_type(original) != COMPUTER_CALL:
+                    continue
                 # A cut action object goes back cut, as a shell's does; a cut batch cannot.
-                cut = arguments != call_arguments(original) and not isinstance(original.get("action"), dict)
-                if item_type(original) == COMPUTER_CALL and (lost or cut):
+                batch = not isinstance(original.get("action"), dict)
+                if lost or (batch and call["function"]["arguments"] != call_arguments(original)):
                     changed.add(call[ORIGIN])
         if message.get("role") == "tool" and ORIGIN in message:
             original = layout.items[message[ORIGIN]]
