@@ -1228,9 +1228,10 @@ class _Fitter:
         marker_at = {k: marker for k, _, marker in spans}
         positions: dict[int, int] = {}
         out: list[Message] = []
-        # With signed thinking only: what each message of `out` was (None: a marker, a reshaped form).
+        # With signed thinking, or a drop: what each message of `out` was (None: a marker, a
+        # reshaped form), for the steps `unpinned` takes to text.
         originals: list[Message | None] = []
-        track = self.signed_thinking
+        track = self.signed_thinking or (markers and head < cut)
         after = self.fixed
         stages: set[str] = set()
         for unit in self.units:

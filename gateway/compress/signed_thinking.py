@@ -12,6 +12,9 @@ The fit was chosen for the blocks' tokens, so a message whose text would cost mo
 tool name in every heading) takes the bare form instead: the call's tool name alone, the
 result's content alone, each smaller than its block.
 
+A step that a drop brings right before the last user messages goes on as text too, whatever
+the history holds: a request may switch thinking on for a history that never had any.
+
 The same holds in chat completions sent to Claude through a gateway that keeps its signed
 thinking on the assistant message (litellm's `thinking_blocks`, OpenRouter's
 `reasoning_details`): there the tool results are `role: tool` messages, which become the
@@ -37,10 +40,11 @@ TOOL_MESSAGE_KEYS = frozenset({"role", "content", "tool_call_id", "name"})  # th
 def unpinned(
     messages: Sequence[Message], originals: Sequence[Message | None], cost: Callable[[Message], int]
 ) -> dict[int, Message]:
-    """For a conversation that carries signed thinking: the messages to replace (by index) so
-    that the last user messages' tool results answer an assistant turn that starts with
-    thinking; empty when nothing needs to change. The step there lost its thinking, or never
-    had it and dropping brought it there (a step from before thinking was switched on).
+    """The messages to replace (by index) so that the last user messages' tool results answer an
+    assistant turn that starts with thinking, or none; empty when nothing needs to change. The
+    step there lost its thinking, or a drop brought it there: a step from before thinking was
+    switched on, and thinking can be switched on by any request, so nothing in a history tells
+    that it is off.
     `originals` is parallel to `messages` (None for a message the fit added). No message costs
     more than before (`cost`: its tokens): where the readable form would, the bare one goes (the
     tool's name alone for a call, the result's content alone)."""

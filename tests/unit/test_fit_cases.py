@@ -330,14 +330,23 @@ def test_an_old_step_left_before_the_last_user_messages_keeps_the_thinking_rule(
         "content": [{"type": "text", "text": '[called run with {"cmd":"make"}]'}],
     }
     assert out[2]["content"][0]["text"].startswith("[run returned:]\n[context-gateway: output of tool `run`")
-    # Without thinking in the conversation, the same step stays as tool blocks.
+    # Without thinking in the history, the same: a request may switch it on for this one (found
+    # by fuzzing: the step went as tool blocks, and Claude with thinking on refused it).
     plain = [
         {**m, "content": [b for b in m["content"] if b.get("type") != "thinking"]}
         if isinstance(m["content"], list)
         else m
         for m in messages
     ]
-    assert fit(plain, model="gpt-4o", budget_tokens=840).messages[1]["content"][0]["type"] == "tool_use"
+    out = list(fit(plain, model="gpt-4o", budget_tokens=840).messages)
+    assert final_thinking_error(out) is None and out[1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": '[called run with {"cmd":"make"}]'}],
+    }
+    # A step no drop moved there stays tool blocks: the client sent it last (its own request).
+    answered = [*plain[:3], plain[-1]]
+    result = fit(answered, model="gpt-4o", budget_tokens=COUNTER.messages(answered) - 100)
+    assert "drop_turns" not in result.stages and result.messages[1]["content"][0]["type"] == "tool_use"
 
 
 def test_a_step_turned_to_text_keeps_its_media_and_cache_breakpoint() -> None:
