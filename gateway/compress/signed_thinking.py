@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from gateway.compress.transforms import call_request
 from gateway.compress.units import Message
 from gateway.tokens.formats import compact_json
 
@@ -133,10 +134,11 @@ def _with_lines(content: Any, lines: list[str]) -> Any:
 
 def _chat_call(call: Mapping[str, Any]) -> tuple[object, object, str]:
     """(id, tool name, what it was given) of a chat tool call, a function's or a custom tool's."""
-    kind = "custom" if call.get("type") == "custom" else "function"
-    request = call.get(kind)
-    request = request if isinstance(request, Mapping) else {}
-    given = request.get("input" if kind == "custom" else "arguments")
+    asked = call_request(call)
+    if asked is None:
+        return call.get("id"), None, ""
+    _, request, field = asked
+    given = request.get(field)
     return call.get("id"), request.get("name"), given if isinstance(given, str) else ""
 
 
