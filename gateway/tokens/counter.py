@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final
@@ -98,6 +98,7 @@ class TokenCounter:
         self._rules = PromptRules(self.profile, self._raw_text)
         self._cache_namespace = self.profile.key.encode()
         self._tools_namespace = self._cache_namespace + b"/tools"
+        self._response_format_namespace = self._cache_namespace + b"/response_format"
 
     @property
     def scale(self) -> float:
@@ -214,13 +215,31 @@ class TokenCounter:
         """Tool definitions repeat on every request of an agent: cached like messages."""
         if not tools and not functions:
             return 0
-        key = message_key(self._tools_namespace, {"tools": tools, "functions": functions})
-        count = None if key is None else self._cache.get(key)
-        if count is None:
-            count = self._rules.tools(tools, functions)
-            if key is not None:
-                self._cache.put(key, count)
-        return count
+        definitions = {"tools": tools, "functions": functions}
+        return self._cached(self._tools_namespace, definitions, lambda: self._rules.tools(tools, functions))
+
+    def _raw_response_format(self, response_format: object) -> int:
+        """A structured-output schema repeats on every request too (instructor, `parse()`)."""
+        if not isinstance(response_format, Mapping) or response_format.get("type") != "json_schema":
+            return 0
+        return self._cached(
+            self._response_format_namespace,
+            response_format,
+            lambda: self._rules.response_format(response_format),
+        )
+
+    def _cached(self, namespace: bytes, value: Mapping[str, Any], count: Callable[[], int]) -> int:
+        """`count()`, kept in the count cache under `value`'s key. Under load the tokenizer's tables
+        have left the CPU caches by the time a request is counted, so even a short schema costs
+        tens of microseconds to tokenize again, against one hash of its JSON here."""
+        key = message_key(namespace, value)
+        cached = None if key is None else self._cache.get(key)
+        if cached is not None:
+            return cached
+        counted = count()
+        if key is not None:
+            self._cache.put(key, counted)
+        return counted
 
     def _raw_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         lookup = self.lookup(messages, conversation=True)
@@ -243,7 +262,7 @@ class TokenCounter:
             tools if isinstance(tools, list) else None,
             functions if isinstance(functions, list) else None,
         )
-        return total + self._rules.response_format(body.get("response_format"))
+        return total + self._raw_response_format(body.get("response_format"))
 
     def finish_request(self, body: Mapping[str, Any], lookup: Lookup) -> int:
         """`request(body)` given `lookup(body["messages"])` (the part safe to run in a thread)."""

@@ -32,7 +32,10 @@ class AnthropicMessages:
         has_system = isinstance(system, str | list) and bool(system)
         if has_system:
             chat.insert(0, {"role": "system", "content": system})
-        return ChatView(chat, counted_body(chat, payload.get("tools"), payload.get("max_tokens")), has_system)
+        config = payload.get("output_config")
+        output_format = config.get("format") if isinstance(config, Mapping) else None
+        counted = counted_body(chat, payload.get("tools"), payload.get("max_tokens"), output_format)
+        return ChatView(chat, counted, has_system)
 
     def emit(self, payload: Mapping[str, Any], view: ChatView, messages: Sequence[Message]) -> dict[str, Any]:
         out = dict(payload)

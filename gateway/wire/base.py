@@ -36,10 +36,19 @@ class ChatView:
     encoded: tuple[bytes, ...] | None = field(default=None, compare=False)
 
 
-def counted_body(messages: list[Message], tools: object, max_tokens: object) -> dict[str, Any]:
+def counted_body(
+    messages: list[Message], tools: object, max_tokens: object, output_format: object = None
+) -> dict[str, Any]:
+    """A native body as the counter reads a chat-completions one. `output_format`: the native
+    route's structured-output format (Responses `text.format`, Anthropic `output_config.format`,
+    both `{"type": "json_schema", ...}` with the schema beside the type); its schema counts as
+    a `response_format` one does."""
     body: dict[str, Any] = {"messages": messages}
     if isinstance(tools, list) and tools:
         body["tools"] = tools
+    if isinstance(output_format, Mapping) and output_format.get("type") == "json_schema":
+        schema = {key: value for key, value in output_format.items() if key != "type"}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
         body["max_tokens"] = max_tokens
     return body

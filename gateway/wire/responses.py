@@ -169,7 +169,9 @@ class ResponsesInput:
         system: list[Message] = [{"role": "system", "content": instructions}] if has_instructions else []
         converted = self._converted(layout)
         chat = [*system, *converted.messages]
-        counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"))
+        text = payload.get("text")
+        output_format = text.get("format") if isinstance(text, Mapping) else None
+        counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"), output_format)
         encoded: tuple[bytes, ...] | None = None
         if layout.fittable and len(converted.encoded) == len(converted.messages):
             encoded = (*map(orjson.dumps, system), *converted.encoded)  # a dict of strings: always JSON

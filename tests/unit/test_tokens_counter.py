@@ -24,6 +24,8 @@ from gateway.tokens import counter_for
 from gateway.tokens.cache import CountCache
 from gateway.tokens.calibration import Calibration
 from gateway.tokens.counter import TokenCounter
+from gateway.wire.anthropic import ANTHROPIC
+from gateway.wire.responses import RESPONSES
 from tests.fakes.images import png_data_url
 
 Count = Callable[[str], int]
@@ -487,6 +489,57 @@ def test_request_adds_tools_and_response_schema() -> None:
     assert counter.request(body) == expected
     assert counter.request({**body, "response_format": {"type": "json_object"}}) == expected - n(
         compact(schema)
+    )
+
+
+def test_a_repeated_schema_is_counted_from_the_cache_and_a_changed_one_anew() -> None:
+    counter = TokenCounter("gpt-4o", cache=CountCache())
+    schema = {"name": "answer", "schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    body = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": "Capital of France?"}],
+        "response_format": {"type": "json_schema", "json_schema": schema},
+    }
+    first = counter.request(body)
+    assert counter.request(body) == first
+    # Same length, other content: not confused with the cached one.
+    other = {**schema, "schema": {"type": "object", "properties": {"town": {"type": "string"}}}}
+    changed = {**body, "response_format": {"type": "json_schema", "json_schema": other}}
+    assert counter.request(changed) == TokenCounter("gpt-4o", cache=CountCache()).request(changed)
+    longer = {**schema, "description": "The capital city, as its people spell it."}
+    assert (
+        counter.request({**body, "response_format": {"type": "json_schema", "json_schema": longer}}) > first
+    )
+
+
+def test_native_structured_output_schemas_count_as_a_response_format_does() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    question = [{"role": "user", "content": "Capital of France?"}]
+    gpt = counter_for("gpt-4o")
+    chat = {
+        "messages": question,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    }
+    responses = {
+        "model": "gpt-4o",
+        "input": question,
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}},
+    }
+    assert gpt.request(RESPONSES.view(responses).counted) == gpt.request(chat)
+    plain = {"model": "gpt-4o", "input": question, "text": {"format": {"type": "text"}}}
+    assert gpt.request(RESPONSES.view(plain).counted) < gpt.request(chat)
+
+    claude = counter_for("claude-sonnet-4-5")
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": question}
+    structured = {**body, "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    with_schema = claude.request(ANTHROPIC.view(structured).counted)
+    assert with_schema > claude.request(ANTHROPIC.view(body).counted)
+    assert with_schema == claude.request(
+        {
+            "messages": question,
+            "max_tokens": 64,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+        }
     )
 
 
