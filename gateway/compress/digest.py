@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from gateway.compress.transforms import call_request, error_lines
+from gateway.compress.transforms import TOOL_ANSWER_ROLES, call_request, error_lines
 from gateway.compress.units import is_user_input
 from gateway.tokens.formats import compact_json
 
@@ -151,7 +151,7 @@ def digest_lines(messages: Sequence[Message]) -> list[tuple[int, int, str]]:
         user = is_user_input(message)
         for text in _texts(message):
             lines = _sentences(text)
-            tool_output = role == "tool" or (not user and role == "user")
+            tool_output = role in TOOL_ANSWER_ROLES or (not user and role == "user")
             kept = 0
             for line in lines:
                 order += 1

@@ -136,6 +136,7 @@ from gateway.compress.options import CompressionOptions
 from gateway.compress.signed_thinking import starts_with_thinking, unpinned
 from gateway.compress.transforms import (
     MEDIA_KINDS,
+    TOOL_ANSWER_ROLES,
     drop_reasoning,
     map_tool_results,
     message_texts,
@@ -948,7 +949,7 @@ class _Fitter:
         if head == 0:
             return True
         last = self.messages[self.old[head - 1].end - 1]
-        return last.get("role") != "tool" and not is_tool_result_carrier(last)
+        return last.get("role") not in TOOL_ANSWER_ROLES and not is_tool_result_carrier(last)
 
     def _turn_cuts(self, cuts: list[int]) -> list[int]:
         """Move each cut forward to a turn or step start: whole turns and steps go, pairs stay whole."""

@@ -44,6 +44,8 @@ ERROR_CUES = (
 )  # fmt: skip
 # Text parts: chat and Anthropic `text`, Responses `input_text` (user side) and `output_text` (model side).
 TEXT_KINDS = frozenset({"text", "input_text", "output_text"})
+# Messages that are a tool's answer: `role: tool`, and the legacy functions API's `role: function`.
+TOOL_ANSWER_ROLES = frozenset({"tool", "function"})
 MEDIA_NAME_CHARS = 80  # a file name or document title longer than this is left out of the placeholder
 
 
@@ -78,7 +80,7 @@ def part_lengths(message: Message) -> list[int]:
     """Characters of each part a protected trim cuts on its own: the text, every tool result,
     call's arguments or tool input, and plain-text reasoning."""
     lengths = [len(text) for text in tool_result_texts(message)]
-    if message.get("role") == "tool":
+    if message.get("role") in TOOL_ANSWER_ROLES:
         return lengths
     content = message.get("content")
     if isinstance(content, str):
@@ -187,7 +189,7 @@ def omit_media(message: Message) -> Message:
 
 def omit_tool_result_media(message: Message) -> Message:
     """omit_media, but only inside tool results (a `role: tool` message, `tool_result` blocks)."""
-    if message.get("role") == "tool":
+    if message.get("role") in TOOL_ANSWER_ROLES:
         return omit_media(message)
     content = message.get("content")
     if not isinstance(content, list):
@@ -250,12 +252,16 @@ def tool_names(messages: list[Message]) -> dict[str, str]:
 
 def map_tool_results(message: Message, names: Mapping[str, str], fn: TextFn) -> Message:
     """Apply fn to the text of every tool result in a message, in either wire format."""
-    if message.get("role") == "tool":
-        name = names.get(str(message.get("tool_call_id")), "tool")
+    role = message.get("role")
+    if role in TOOL_ANSWER_ROLES:  # the legacy `function` answer names its function itself
+        if role == "tool":
+            name = names.get(str(message.get("tool_call_id")), "tool")
+        else:
+            name = str(message.get("name", "tool"))
         content = _map_text(message.get("content"), partial(_swap, fn, name))
         return message if content is message.get("content") else {**message, "content": content}
     content = message.get("content")
-    if message.get("role") != "user" or not isinstance(content, list):
+    if role != "user" or not isinstance(content, list):
         return message
     out = []
     changed = False
@@ -340,7 +346,7 @@ def truncate_message(
     message: Message, max_chars: int, chars_per_token: float, *, fill: bool = False
 ) -> Message:
     """Middle-truncate a message's own text (not its tool results), and long tool-call arguments."""
-    if message.get("role") == "tool":
+    if message.get("role") in TOOL_ANSWER_ROLES:
         return message
     new = dict(message)
 
@@ -365,6 +371,10 @@ def truncate_message(
         new_calls = [_shrink_call(call, max_chars, chars_per_token, fill) for call in calls]
         if any(a is not b for a, b in zip(new_calls, calls, strict=True)):
             new["tool_calls"] = new_calls
+    legacy = message.get("function_call")
+    if isinstance(legacy, Mapping):  # the legacy functions API: the call's object is the function
+        shrunk = _shrink_call({"function": legacy}, max_chars, chars_per_token, fill)
+        new["function_call"] = shrunk["function"]
     return message if new == message else new
 
 

@@ -2,7 +2,8 @@
 
 A unit is kept, transformed or dropped as a whole, so tool pairs can never be
 split: an assistant message with `tool_calls` together with the `role: tool`
-answers that follow it (OpenAI), or an assistant message with `tool_use`
+answers that follow it (OpenAI; a legacy `function_call` with its `role:
+function` answer alike), or an assistant message with `tool_use`
 blocks together with the next user message when it carries the
 `tool_result` blocks (Anthropic-style content lists).
 
@@ -63,6 +64,12 @@ def _group_end(messages: Sequence[Message], i: int) -> int:
     if message.get("tool_calls"):
         while end < len(messages) and messages[end].get("role") == "tool":
             end += 1
+    elif (
+        isinstance(message.get("function_call"), Mapping)
+        and end < len(messages)
+        and messages[end].get("role") == "function"
+    ):
+        end += 1  # the legacy functions API: one call, answered by the `role: function` message after it
     if (
         _blocks(message, "tool_use")
         and end < len(messages)

@@ -132,6 +132,33 @@ def test_parallel_calls_and_pending_calls_stay_paired() -> None:
         assert with_pending.messages[-1] is pending and with_pending.messages[-2]["content"] == "go on"
 
 
+def test_legacy_function_calls_stay_paired_and_their_answers_are_trimmed_as_tool_results() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Use functions."},
+        {"role": "user", "content": "Task: " + log_text(0, 20)},
+    ]
+    for step in range(8):
+        arguments = json.dumps({"step": step, "command": log_text(step, 10)})
+        messages.append(
+            {"role": "assistant", "content": None, "function_call": {"name": "run", "arguments": arguments}}
+        )
+        messages.append({"role": "function", "name": "run", "content": log_text(step, 80)})
+    size = COUNTER.messages(messages)
+    for share in (0.1, 0.2, 0.3, 0.5):
+        result = fit(messages, model=MODEL, budget_tokens=int(size * share))
+        out = result.messages
+        for index, message in enumerate(out):
+            if message["role"] == "function":  # each answer right after its call
+                assert "function_call" in out[index - 1], (share, index)
+            if "function_call" in message:
+                assert out[index + 1]["role"] == "function", (share, index)
+        # Older answers become one-line notes naming the function, as tool results do.
+        assert "tool_results" in result.stages
+        assert any(m["role"] == "function" and "output of tool `run` omitted" in m["content"] for m in out)
+        if share >= 0.3:  # the newest answer fits in half the budget: sent whole
+            assert out[-1] is messages[-1]
+
+
 def test_anthropic_blocks_keep_pairs_and_drop_old_thinking() -> None:
     messages: list[dict[str, Any]] = []
     for turn in range(6):

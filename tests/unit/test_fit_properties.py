@@ -130,8 +130,36 @@ def anthropic_round(draw: st.DrawFn, turn: int, answered: bool, texts: Texts = t
 
 
 @st.composite
+def legacy_round(draw: st.DrawFn, turn: int, answered: bool, texts: Texts = texts) -> list[dict[str, Any]]:
+    """The legacy functions API: one `function_call`, answered by a `role: function` message."""
+    call = {"name": "read_file", "arguments": f'{{"path": "f{turn}.py"}}'}
+    assistant = {"role": "assistant", "content": None, "function_call": call}
+    if not answered:
+        return [assistant]
+    return [assistant, {"role": "function", "name": "read_file", "content": draw(texts)}]
+
+
+ROUNDS = {"openai": openai_round, "anthropic": anthropic_round, "legacy": legacy_round}
+
+
+def legacy_pairing_error(messages: list[dict[str, Any]]) -> str | None:
+    """Where a `role: function` answer does not directly follow its `function_call`, or a call
+    before the last message goes unanswered."""
+    for index, message in enumerate(messages):
+        before = messages[index - 1] if index else {}
+        if message["role"] == "function" and not (
+            before.get("role") == "assistant" and "function_call" in before
+        ):
+            return f"messages[{index}]: a function answer without its call"
+        answered = index + 1 < len(messages) and messages[index + 1]["role"] == "function"
+        if "function_call" in message and index + 1 < len(messages) and not answered:
+            return f"messages[{index}]: a function call without its answer"
+    return None
+
+
+@st.composite
 def conversations(draw: st.DrawFn, max_turns: int = 8, texts: Texts = texts) -> list[dict[str, Any]]:
-    style = draw(st.sampled_from(["openai", "anthropic"]))
+    style = draw(st.sampled_from(sorted(ROUNDS)))
     messages: list[dict[str, Any]] = []
     if draw(st.booleans()):
         messages.append({"role": "system", "content": draw(texts)})
@@ -141,8 +169,7 @@ def conversations(draw: st.DrawFn, max_turns: int = 8, texts: Texts = texts) -> 
     for turn in range(turns):
         messages.append({"role": "user", "content": draw(user_content(texts))})
         for _ in range(draw(st.integers(0, 2))):
-            make = openai_round if style == "openai" else anthropic_round
-            messages += draw(make(turn, answered=True, texts=texts))
+            messages += draw(ROUNDS[style](turn, answered=True, texts=texts))
         reply: dict[str, Any] = {"role": "assistant", "content": draw(texts)}
         if draw(st.booleans()):
             reply["reasoning_content"] = draw(texts)
@@ -155,8 +182,7 @@ def conversations(draw: st.DrawFn, max_turns: int = 8, texts: Texts = texts) -> 
             messages.pop()  # the last round's results, then the question in a user message of its own
         messages.append({"role": "user", "content": draw(user_content(texts))})
         if draw(st.integers(0, 4)) == 0:  # tool calls with no answer yet
-            make = openai_round if style == "openai" else anthropic_round
-            messages += draw(make(turns, answered=False, texts=texts))
+            messages += draw(ROUNDS[style](turns, answered=False, texts=texts))
     for position, message in enumerate(messages):
         message["x_id"] = position
     return messages
@@ -187,13 +213,16 @@ def tool_definitions(draw: st.DrawFn) -> list[dict[str, Any]] | None:
 def agent_loops(draw: st.DrawFn) -> list[dict[str, Any]]:
     """A conversation (maybe empty) followed by a task and 1–25 tool steps answering it."""
     messages = draw(conversations(max_turns=3))
-    while messages and not (messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")):
+    while messages and not (
+        messages[-1]["role"] == "assistant"
+        and not messages[-1].get("tool_calls")
+        and "function_call" not in messages[-1]
+    ):
         messages.pop()  # end on a finished turn: the loop's task is the latest user message
-    style = draw(st.sampled_from(["openai", "anthropic"]))
+    style = draw(st.sampled_from(sorted(ROUNDS)))
     messages.append({"role": "user", "content": draw(user_content())})
-    make = openai_round if style == "openai" else anthropic_round
     for step in range(draw(st.integers(1, 25))):
-        messages += draw(make(100 + step, answered=True))
+        messages += draw(ROUNDS[style](100 + step, answered=True))
     for position, message in enumerate(messages):
         message["x_id"] = position
     return messages
@@ -264,6 +293,9 @@ def test_fit_invariants(
     # Strict API validity: no new error (a pending tool call at the end is invalid on input too).
     if validate_chat_messages(messages) is None:
         assert validate_chat_messages(result.messages) is None
+    # Legacy function calls stay paired with their answers as tool calls do.
+    if legacy_pairing_error(messages) is None:
+        assert legacy_pairing_error(result.messages) is None
     # The Messages API's rule on signed thinking holds whenever it held on input.
     if final_thinking_error(dialogue(messages)) is None:
         assert final_thinking_error(dialogue(result.messages)) is None
@@ -358,9 +390,11 @@ def _result_texts(message: dict[str, Any]) -> list[str]:
 
 
 def _results(message: dict[str, Any]) -> list[tuple[str, str]]:
-    """(call id, text) of each tool result a message holds."""
+    """(call id, text) of each tool result a message holds (a legacy function answer: its name)."""
     if message["role"] == "tool":
         return [(message["tool_call_id"], message["content"])]
+    if message["role"] == "function":
+        return [(message["name"], message["content"])]
     content = message.get("content")
     if message["role"] == "user" and isinstance(content, list):
         return [(p["tool_use_id"], p["content"]) for p in content if p.get("type") == "tool_result"]
@@ -401,7 +435,7 @@ def test_agent_loops_keep_the_newest_step_and_compress_oldest_first(
     assert present == sorted(present)
     # No step's result is cut while an older one at least 1.5 times its size is left whole.
     cut_sizes = []
-    names = tool_names(messages)
+    names = tool_names(messages) | {m["name"]: m["name"] for m in messages if m["role"] == "function"}
     for step in reversed(steps):
         for message in step:
             if message["x_id"] not in kept:
