@@ -103,12 +103,15 @@ def parse_chat_request(
     except orjson.JSONDecodeError as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}.") from None
     payload = parsed.payload
+    # Only a Responses body that uses a stored prompt may name no model (the prompt names it): with
+    # no model there is no window to fit to, nothing to learn from it, and nothing is compressed.
+    model = payload.get("model") or ""
     return ChatRequest(
         raw=raw,
         payload=payload,
-        model=payload["model"],
+        model=model,
         stream=payload.get("stream") is True,
-        mode=compression_mode(headers),
+        mode=compression_mode(headers) if model else "off",
         wire=wire,
         encoded=parsed.encoded,
     )

@@ -66,6 +66,16 @@ def model_not_allowed(team: str, model: str) -> GatewayError:
     )
 
 
+def model_unnamed(team: str) -> GatewayError:
+    """A body naming no model (a Responses stored prompt names its own) under a model allow-list."""
+    return GatewayError(
+        400,
+        f"Team {team} may use only its listed models: name the model in the request "
+        "(the model a stored prompt names cannot be checked).",
+        param="model",
+    )
+
+
 def store_unavailable() -> GatewayError:
     return GatewayError(
         503,

@@ -126,7 +126,7 @@ class Policy:
     def check_model(self, team: Team, model: str) -> None:
         if not team.settings.allows_model(model):
             metrics.TEAM_REQUESTS.labels(team.name, "model_not_allowed").inc()
-            raise answers.model_not_allowed(team.name, model)
+            raise answers.model_not_allowed(team.name, model) if model else answers.model_unnamed(team.name)
 
     async def admit(self, team: Team, tokens: int | None) -> Admission:
         """Check the team's limits and reserve ``tokens`` (None: a request-only route), atomically."""

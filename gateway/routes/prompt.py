@@ -168,7 +168,7 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
         runtime.policy.check_model(team, chat.model)
         chat, strip_usage = team_chat(team, chat, request.headers, ask_usage=dialect.wire is CHAT)
     upstream = dialect.upstream(runtime, request, team)
-    if dialect.discover:
+    if dialect.discover and chat.model:
         await runtime.discover(chat.model, upstream.headers)
     cap = team.settings.limits.max_context_tokens if team else None
     planning = Planning(chat, upstream, cap, lambda: client_gone(request), _summary_charge(runtime, team))

@@ -78,10 +78,12 @@ def _truncated_plan(chat: ChatRequest, budget: int | None, tokens: int) -> Plan:
 
 async def _plan(runtime: Runtime, planning: Planning) -> Plan:
     chat, upstream = planning.chat, planning.upstream
-    if not server_state(chat):
+    if chat.model and not server_state(chat):
         return await plan_default(runtime, planning)
+    # What the headers count is what the gateway sees: the new input, not the upstream's history,
+    # nor a stored prompt's messages (nor which model it names, when the body names none).
     local = await count_request_async(counter_for(chat.model), chat.view.counted)
-    if not _truncating(runtime, chat):
+    if not chat.model or not _truncating(runtime, chat):
         return Plan(chat.raw, None, local, local, calibrate=False)
     await runtime.load_learned(chat.model)
     window = runtime.windows.resolve_window(chat.model).tokens

@@ -24,7 +24,7 @@ from gateway.wire.chat import (
     json_type,
 )
 
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "system")  # `system`: text only (the SDK's SystemMessageParam)
 
 
 def validate_messages_body(payload: object, known: int = 0) -> None:
@@ -63,12 +63,23 @@ def _message(message: Any, where: str) -> None:
         shown = repr(role)[:60] if isinstance(role, str) else json_type(role)
         raise GatewayError(
             400,
-            f"Invalid value for '{where}.role': {shown}. Supported values are: 'user', 'assistant'.",
+            f"Invalid value for '{where}.role': {shown}. "
+            "Supported values are: 'user', 'assistant', 'system'.",
             param=f"{where}.role",
         )
     content = message.get("content")
     if not isinstance(content, str | list):
         raise invalid_type(f"{where}.content", content, "a string or an array of content blocks")
+    if role == "system" and isinstance(content, list):
+        for position, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind != "text":
+                raise GatewayError(
+                    400,
+                    f"Invalid value for '{where}.content[{position}]': "
+                    "a system message holds text blocks only.",
+                    param=f"{where}.content[{position}]",
+                )
     check_content(content, f"{where}.content", depth=0)
     for name in CHAT_MESSAGE_FIELDS:
         if name in message:  # (the Messages API's own wording for a field it does not have)

@@ -122,16 +122,18 @@ def check_count(payload: Mapping[str, Any], name: str) -> None:
         raise invalid_type(name, value, "a non-negative integer")
 
 
-def check_object_array(payload: Mapping[str, Any], name: str) -> None:
-    """An optional field that must be an array of objects (tool definitions)."""
+def check_object_array(payload: Mapping[str, Any], name: str, *, where: str | None = None) -> None:
+    """An optional field that must be an array of objects (tool definitions); errors name it as
+    `where` (default: `name`)."""
     definitions = payload.get(name)
     if definitions is None:
         return
+    path = where or name
     if not isinstance(definitions, list):
-        raise invalid_type(name, definitions, "an array")
+        raise invalid_type(path, definitions, "an array")
     for index, definition in enumerate(definitions):
         if not isinstance(definition, dict):
-            raise invalid_type(f"{name}[{index}]", definition, "an object")
+            raise invalid_type(f"{path}[{index}]", definition, "an object")
 
 
 def check_model(model: object) -> None:

@@ -102,7 +102,15 @@ class _Layout:
 
 
 def item_type(item: Mapping[str, Any]) -> object:
-    return item.get("type", "message" if "role" in item else None)
+    """An item's type. A message may leave it out (or send null), and so may an item reference,
+    which is all id."""
+    kind = item.get("type")
+    if kind is None:
+        if "role" in item:
+            return "message"
+        if "id" in item:
+            return "item_reference"
+    return kind
 
 
 def answered_call(output: Mapping[str, Any]) -> object:

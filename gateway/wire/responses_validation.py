@@ -23,6 +23,7 @@ from gateway.wire.chat import (
     check_optional,
     invalid_type,
 )
+from gateway.wire.responses import item_type
 
 ROLES = ("user", "assistant", "system", "developer")
 TRUNCATIONS = ("auto", "disabled")
@@ -30,7 +31,6 @@ TRUNCATIONS = ("auto", "disabled")
 _ITEM_STRINGS = {
     "function_call": ("call_id", "name", "arguments"),
     "custom_tool_call": ("call_id", "name", "input"),
-    "function_call_output": ("call_id",),
     "custom_tool_call_output": ("call_id",),
     "shell_call": ("call_id",),
     "shell_call_output": ("call_id",),
@@ -44,13 +44,23 @@ _ITEM_STRINGS = {
     "item_reference": ("id",),
 }
 _ITEM_OBJECTS = {"shell_call": "action", "local_shell_call": "action", "apply_patch_call": "operation"}
+# Item fields that may be left out or null, else strings: a function's output made by a program
+# (programmatic tool calling) need not name a call.
+_ITEM_OPTIONAL_STRINGS = {"function_call_output": ("call_id",)}
 
 
 def validate_responses_body(payload: object, known: int = 0) -> None:
     """Raise a 400 `GatewayError` naming the first malformed field of a Responses body."""
     if not isinstance(payload, dict):
         raise GatewayError(400, "The request body must be a JSON object.")
-    check_model(payload.get("model"))
+    prompt = payload.get("prompt")
+    if prompt is not None:
+        if not isinstance(prompt, dict):
+            raise invalid_type("prompt", prompt, "an object")
+        if not isinstance(prompt.get("id"), str):
+            raise invalid_type("prompt.id", prompt.get("id"), "a string")
+    if payload.get("model") is not None or prompt is None:  # a stored prompt may name the model
+        check_model(payload.get("model"))
     check_optional(payload, "stream", bool, "a boolean")
     check_optional(payload, "instructions", str, "a string")
     check_optional(payload, "previous_response_id", str, "a string")
@@ -83,9 +93,12 @@ def validate_responses_body(payload: object, known: int = 0) -> None:
 def _item(item: Any, where: str) -> None:
     if not isinstance(item, dict):
         raise invalid_type(where, item, "an object")
-    kind = item.get("type", "message" if "role" in item else None)
+    kind = item_type(item)
     if not isinstance(kind, str):
         raise invalid_type(f"{where}.type", kind, "a string")
+    if kind == "message" and "content" not in item and "tools" in item:  # tools a developer adds here
+        check_object_array(item, "tools", where=f"{where}.tools")
+        return
     if kind == "message":
         role = item.get("role")
         if role not in ROLES:
@@ -112,6 +125,9 @@ def _item(item: Any, where: str) -> None:
         return
     for name in _ITEM_STRINGS.get(kind, ()):
         if not isinstance(item.get(name), str):
+            raise invalid_type(f"{where}.{name}", item.get(name), "a string")
+    for name in _ITEM_OPTIONAL_STRINGS.get(kind, ()):
+        if not isinstance(item.get(name), str | None):
             raise invalid_type(f"{where}.{name}", item.get(name), "a string")
     if kind in _ITEM_OBJECTS and not isinstance(item.get(_ITEM_OBJECTS[kind]), dict):
         name = _ITEM_OBJECTS[kind]

@@ -7,7 +7,8 @@ every `tool_result` must answer the turn before; `thinking` blocks carry a
 signature the fake issued over their exact text, so an edited block is
 refused ("Invalid `signature`"); with thinking enabled, the assistant turn
 that the final tool results answer must start with a thinking block; at most
-4 blocks may carry `cache_control`. Error texts are Anthropic's.
+4 blocks may carry `cache_control`; a `system` message in the list holds text only (the SDK's
+`SystemMessageParam`). Error texts are Anthropic's.
 
 Overflow: prompt > window is "prompt is too long"; prompt + max_tokens >
 window is the `max_tokens` wording, unless the request opts into the beta
@@ -152,9 +153,18 @@ def _check_message(index: int, message: object, *, last: bool) -> Error | None:
     if not isinstance(message, Mapping):
         return "invalid_request_error", f"{where}: Input should be a valid dictionary"
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        return "invalid_request_error", f"{where}.role: Input should be 'user' or 'assistant'"
+    if role not in ("user", "assistant", "system"):
+        return "invalid_request_error", f"{where}.role: Input should be 'user', 'assistant' or 'system'"
     content = message.get("content")
+    if role == "system":  # text only (the SDK's SystemMessageParam)
+        blocks = [content] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not blocks:
+            return "invalid_request_error", NON_EMPTY.format(index=index)
+        for position, block in enumerate(blocks):
+            text = isinstance(block, str) or (isinstance(block, Mapping) and block.get("type") == "text")
+            if not text:
+                return "invalid_request_error", f"{where}.content.{position}: Input should be a text block"
+        return None
     if isinstance(content, str):
         if not content and not (last and role == "assistant"):
             return "invalid_request_error", NON_EMPTY.format(index=index)

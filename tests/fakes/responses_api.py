@@ -6,7 +6,11 @@ the same `call_id` ("No tool output found for function call …") and every
 output answering an earlier call ("No tool call found for function call
 output with call_id …"), across the stored history too; a `reasoning` item
 must be followed by the item it produced; a computer call's output is a
-screenshot and nothing else. With a computer tool it answers computer calls. `previous_response_id` and
+screenshot and nothing else; the shapes the SDK's types allow besides (an
+item reference or a message without `type`, a function output without
+`call_id`, a developer item adding `tools`, a stored `prompt` naming the model
+in place of `model`) are accepted. With a computer tool it answers computer
+calls. `previous_response_id` and
 `conversation` prepend history the fake stored; `truncation: "auto"` drops
 the oldest items until the input fits, `"disabled"` (the default) refuses with
 the Responses API's overflow error (a 400, or a `response.failed` event in a
@@ -91,7 +95,7 @@ def _invalid(message: str, param: str | None, code: str | None = "invalid_value"
 def validate(body: object, state: ResponsesState) -> Error | None:
     if not isinstance(body, Mapping):
         return _invalid("The request body must be a JSON object.", None, None)
-    if not isinstance(body.get("model"), str):
+    if not isinstance(body.get("model"), str) and not isinstance(body.get("prompt"), Mapping):
         return _invalid("Missing required parameter: 'model'.", "model", "missing_required_parameter")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -157,7 +161,11 @@ def _conversation_id(value: object) -> object:
 
 
 def item_type(item: Mapping[str, Any]) -> object:
-    return item.get("type", "message" if "role" in item else None)
+    """A message and an item reference may leave their type out, or send null (the SDK's types)."""
+    kind = item.get("type")
+    if kind is None:
+        return "message" if "role" in item else "item_reference" if "id" in item else None
+    return kind
 
 
 def _check_item(index: int, item: object) -> Error | None:
@@ -168,6 +176,10 @@ def _check_item(index: int, item: object) -> Error | None:
     if kind not in ITEM_TYPES:
         supported = ", ".join(f"'{name}'" for name in ITEM_TYPES)
         return _invalid(f"Invalid value: '{kind}'. Supported values are: {supported}.", f"{where}.type")
+    if kind == "message" and item.get("role") == "developer" and "content" not in item:
+        if not isinstance(item.get("tools"), list):  # tools a developer adds at this point
+            return _invalid(f"Missing required parameter: '{where}.content'.", f"{where}.content", None)
+        return None
     if kind == "message":
         role = item.get("role")
         if role not in ROLES:
@@ -190,7 +202,7 @@ def _check_item(index: int, item: object) -> Error | None:
         return None
     required = {
         "function_call": ("call_id", "name", "arguments"),
-        "function_call_output": ("call_id", "output"),
+        "function_call_output": ("output",),  # `call_id` optional: a program's call need not have one
         "custom_tool_call": ("call_id", "name", "input"),
         "custom_tool_call_output": ("call_id", "output"),
         "shell_call": ("call_id", "action"),
@@ -280,6 +292,11 @@ def _answers(output: Mapping[str, Any]) -> object:
     return output.get("id" if item_type(output) == "local_shell_call_output" else "call_id")
 
 
+def _made_by_a_program(output: Mapping[str, Any]) -> bool:
+    """A function output with no call id (programmatic tool calling: the SDK's optional `call_id`)."""
+    return item_type(output) == "function_call_output" and output.get("call_id") is None
+
+
 def _check_pairs(earlier: Sequence[Mapping[str, Any]], items: Sequence[Any]) -> Error | None:
     outputs = set(CALL_OUTPUTS.values())
     calls = {item.get("call_id") for item in earlier if item_type(item) in CALL_OUTPUTS}
@@ -290,7 +307,7 @@ def _check_pairs(earlier: Sequence[Mapping[str, Any]], items: Sequence[Any]) -> 
             if item["call_id"] not in answered:
                 return _invalid(f"No tool output found for function call {item['call_id']}.", "input", None)
             calls.add(item["call_id"])
-        elif kind in outputs and _answers(item) not in calls:
+        elif kind in outputs and _answers(item) not in calls and not _made_by_a_program(item):
             return _invalid(
                 f"No tool call found for function call output with call_id {_answers(item)}.", "input", None
             )

@@ -277,7 +277,8 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
     )
     reserved = body.get("max_output_tokens") if isinstance(body.get("max_output_tokens"), int) else 0
     serial = fake.next_serial()
-    identity = answers.Identity(f"resp_fake_{serial}", CREATED_BASE + serial, str(body["model"]))
+    model = body.get("model") or f"prompt:{body['prompt'].get('id')}"  # a stored prompt names its model
+    identity = answers.Identity(f"resp_fake_{serial}", CREATED_BASE + serial, str(model))
     too_long = fake.window is not None and prompt + reserved > fake.window
     if call.fault is Fault.OVERFLOW or too_long:
         if body.get("truncation") == "auto" and call.fault is not Fault.OVERFLOW and fake.window is not None:

@@ -25,6 +25,7 @@ MODEL = "claude-haiku-4-5"
 WINDOW = 3_000
 TOOL: Any = {"name": "run", "description": "Run a shell command", "input_schema": {"type": "object"}}
 THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
+TOOL_USE: Any = {"type": "tool_use", "id": "toolu_1", "name": "run", "input": {}}
 
 
 def windowed(start_gateway: GatewayFactory, window: int = WINDOW, **environ: str) -> str:
@@ -208,7 +209,7 @@ def test_context_window_stop_in_a_stream_is_counted(
 
 def test_gateway_errors_are_anthropic_shaped(claude: anthropic.Anthropic, gateway_root: str) -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
-        claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "system", "content": "x"}])  # type: ignore[list-item]
+        claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "tool", "content": "x"}])  # type: ignore[misc,list-item]
     assert "messages[0].role" in str(bad.value)
     use = {"type": "tool_use", "id": "toolu_1", "name": "write", "input": "a file written as one string"}
     answer = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}
@@ -383,3 +384,25 @@ def test_tool_results_sent_apart_from_the_question_keep_the_thinking_they_answer
     sent = fake_upstream.requests_to("/v1/messages")[-1].json["messages"]
     assert sent[-3]["content"][0]["type"] == "thinking"
     assert sent[-2:] == messages[-2:]
+
+
+def test_system_messages_in_the_list_are_accepted_and_kept_through_a_fit(
+    fake_upstream: FakeUpstream, claude: anthropic.Anthropic
+) -> None:
+    """`role: "system"` messages among the turns (text only, the SDK's SystemMessageParam) go through,
+    and a fit keeps them as it keeps the system prompt."""
+    rule: Any = {"role": "system", "content": [{"type": "text", "text": "From now on, answer in French."}]}
+    history: list[Any] = [user("Summarize the build logs.")]
+    for turn in range(6):
+        history += [{"role": "assistant", "content": log_line(turn)}, user(f"And step {turn}?")]
+    history[3:3] = [rule]
+    reply = claude.messages.with_raw_response.create(model=MODEL, max_tokens=64, messages=history)
+    assert reply.http_response.status_code == 200
+    assert reply.headers["x-gateway-compression"] != "none"  # over the window: fitted
+    sent = fake_upstream.requests_to("/v1/messages")[-1].json["messages"]
+    assert rule in sent and sent[-1] == history[-1]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(
+            model=MODEL, max_tokens=64, messages=[{"role": "system", "content": [TOOL_USE]}, user("hi")]
+        )
+    assert "messages[0].content[0]" in refused.value.message

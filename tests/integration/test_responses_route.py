@@ -15,6 +15,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.policy.keys import hash_key
 from tests.conftest import GatewayFactory
 from tests.fakes import responses_api
 from tests.fakes.images import png_data_url
@@ -351,3 +352,55 @@ def test_an_overflow_inside_a_stream_that_cannot_be_retried_reaches_the_client(
     assert events[-1].response.error is not None  # type: ignore[union-attr]
     assert events[-1].response.error.code == "context_length_exceeded"  # type: ignore[union-attr]
     assert len(fake_upstream.requests_to("/v1/responses")) == 1
+
+
+def test_shapes_the_sdk_allows_reach_the_upstream_as_sent(
+    fake_upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    """An item reference or message without `type`, a program's function output without `call_id`, a
+    developer item adding tools: the SDK's types allow each; the gateway forwards them untouched."""
+    first = sdk.responses.create(model=MODEL, input="Remember the number 7.")
+    said = first.output[0].id
+    items: Any = [
+        {"role": "user", "content": "Remember the number 7."},
+        {"id": said},  # an item reference, type left out
+        {"id": said, "type": None},
+        {"role": "developer", "tools": [TOOL]},
+        {"type": "function_call_output", "output": "42"},  # made by a program: no call id
+        {"role": "user", "content": "What was the number?", "type": None},
+    ]
+    answer = sdk.responses.create(model=MODEL, input=items)
+    assert answer.status == "completed"
+    assert fake_upstream.requests_to("/v1/responses")[-1].json["input"] == items
+
+
+def test_a_stored_prompt_without_a_model_is_forwarded_uncompressed(
+    fake_upstream: FakeUpstream, sdk: openai.OpenAI
+) -> None:
+    prompt: Any = {"id": "pmpt_abc", "version": "2", "variables": {"city": "Paris"}}
+    long_input = [{"role": "user", "content": log_line(turn)} for turn in range(8)]  # over the window
+    fake_upstream.window = None  # the stored prompt's model is the upstream's business
+    reply = sdk.responses.with_raw_response.create(prompt=prompt, input=long_input)
+    assert reply.status_code == 200 and reply.parse().model == "prompt:pmpt_abc"
+    assert reply.headers["x-gateway-compression"] == "none"
+    assert int(reply.headers["x-gateway-prompt-tokens-before"]) > WINDOW  # counted, not fitted
+    sent = fake_upstream.requests_to("/v1/responses")[-1]
+    assert sent.json == {"prompt": prompt, "input": long_input}
+    # Without a model and without a stored prompt it is still the client's mistake.
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(input="hi")  # type: ignore[call-overload]
+    assert refused.value.param == "model"
+
+
+def test_a_team_limited_to_some_models_must_name_the_model(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    teams = {"research": {"keys": [hash_key("sk-team-research")], "models": ["gpt-4o*"]}}
+    url = start_gateway(GATEWAY_TEAMS=orjson.dumps(teams).decode(), GATEWAY_WINDOWS_DISCOVERY="false")
+    with openai.OpenAI(base_url=url, api_key="sk-team-research", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(prompt={"id": "pmpt_abc"}, input="hi")
+        assert refused.value.param == "model" and "name the model" in refused.value.message
+        named = client.responses.create(model=MODEL, prompt={"id": "pmpt_abc"}, input="hi")
+        assert named.status == "completed"
+    assert [r.json.get("model") for r in fake_upstream.requests_to("/v1/responses")] == [MODEL]

@@ -79,7 +79,11 @@ def test_valid_anthropic_bodies_pass() -> None:
     [
         ({"model": "m", "messages": [user("x")]}, "max_tokens: Field required"),
         (body([]), "at least one message"),
-        (body([{"role": "system", "content": "x"}]), "messages.0.role"),
+        (body([{"role": "tool", "content": "x"}]), "messages.0.role"),
+        (
+            body([{"role": "system", "content": [{"type": "image", "source": {}}]}, user("x")]),
+            "messages.0.content.0",
+        ),
         (body([user("")]), "messages.0: all messages must have non-empty content"),
         (body([user([{"type": "text", "text": ""}])]), "text content blocks must be non-empty"),
         (
