@@ -357,7 +357,7 @@ async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int
     from gateway.store import open_store
     from gateway.tokens.window_records import forget, list_records
 
-    store = open_store(settings.redis_url)
+    store = open_store(settings.redis_url, timeout=5.0, cooldown=0.0)  # an operator's command: no hurry
     try:
         if args.action == "forget":
             deleted = await forget(store, args.model)

@@ -83,7 +83,8 @@ class Runtime:
         learned = LearnedWindows(
             max_models=cfg.max_models, ttl_seconds=cfg.learned_ttl_seconds, floor=cfg.min_plausible_window
         )
-        store = open_store(settings.redis_url)
+        policy = settings.policy  # one bound for every call to Redis on the request path
+        store = open_store(settings.redis_url, timeout=policy.store_timeout, cooldown=policy.breaker_cooldown)
         summarizer = (
             Summarizer(settings.compression.summarizer, settings.upstream, store)
             if settings.compression.summarizer.model

@@ -5,13 +5,9 @@ and the output it allows, or none for request-only routes), forwards, then `sett
 the upstream reported. Redis is the shared engine; each call to it is bounded by
 ``policy.store_timeout``, and a call that fails gets the failure policy (fail open: this
 replica's share of the limits, in memory, see replicas.py; fail closed: 503). A circuit
-breaker opens after a few failures in a row: Redis is then left alone for
-``policy.breaker_cooldown`` seconds and every check gets the failure policy at once, so an
+breaker (gateway/store/breaker.py) opens after a few failures in a row: Redis is then left alone
+for ``policy.breaker_cooldown`` seconds and every check gets the failure policy at once, so an
 outage adds at most a few bounded waits per cooldown, per replica.
-Not opening on the first failure matters: on a saturated machine one call can miss the bound
-because the event loop was late, not Redis; opening then would hand the whole cooldown to
-memory, whose state starts afresh (bench/budgets.py measured 2x the budget admitted that way,
-before replicas took shares).
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
 from starlette.datastructures import Headers
 
 from gateway import metrics
@@ -32,14 +27,10 @@ from gateway.policy.config import COMPRESSION_MODES, PolicySettings, TeamLimits,
 from gateway.policy.keys import KEY_HEADERS, KeyIndex, presented_key
 from gateway.policy.limits import DAY_SECONDS, Decision, MemoryLimits, RedisLimits, Usage
 from gateway.policy.replicas import ReplicaCount, share
+from gateway.store.breaker import CircuitBreaker
+from gateway.store.redis import STORE_ERRORS
 
 log = logging.getLogger("gateway.policy")
-
-# At most one "Redis unreachable" log line per replica in this many seconds.
-FAILURE_LOG_INTERVAL = 60.0
-# Failures in a row that open the circuit breaker.
-BREAKER_THRESHOLD = 3
-STORE_ERRORS = (RedisError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -69,37 +60,6 @@ class Admission:
     settled: bool = False
 
 
-class CircuitBreaker:
-    """Closed: calls go through. Open (after BREAKER_THRESHOLD failures in a row): calls are
-    skipped until the cooldown ends; then one is tried again."""
-
-    def __init__(self, cooldown: float) -> None:
-        self.cooldown = cooldown
-        self._open_until = 0.0
-        self._failures = 0
-        self._last_log = -FAILURE_LOG_INTERVAL
-
-    def allows(self) -> bool:
-        return time.monotonic() >= self._open_until
-
-    def succeeded(self) -> None:
-        self._failures = 0
-
-    def failed(self, exc: BaseException, fallback: str) -> None:
-        now = time.monotonic()
-        self._failures += 1
-        if self._failures >= BREAKER_THRESHOLD:
-            self._open_until = now + self.cooldown
-            # Half-open after the cooldown: a single failure opens it again.
-            self._failures = BREAKER_THRESHOLD - 1
-        metrics.POLICY_STORE_FAILURES.inc()
-        if now - self._last_log >= FAILURE_LOG_INTERVAL:
-            self._last_log = now
-            log.warning(
-                "team limit store unreachable (%s): %s for %gs", type(exc).__name__, fallback, self.cooldown
-            )
-
-
 class Policy:
     def __init__(
         self, teams: Mapping[str, TeamSettings], settings: PolicySettings, redis_url: str | None
@@ -109,7 +69,7 @@ class Policy:
         self._keys = KeyIndex(teams)
         self._memory = MemoryLimits()
         self._redis = RedisLimits(redis_url, timeout=settings.store_timeout) if redis_url and teams else None
-        self._breaker = CircuitBreaker(settings.breaker_cooldown)
+        self._breaker = CircuitBreaker(settings.breaker_cooldown, "team limit store")
         self._replicas = ReplicaCount(self._redis.client, settings.store_timeout) if self._redis else None
 
     def authenticate(self, headers: Headers) -> Team | None:
@@ -164,6 +124,7 @@ class Policy:
                 self._breaker.succeeded()
                 return decision, self._redis, limits
             except STORE_ERRORS as exc:
+                metrics.POLICY_STORE_FAILURES.inc()
                 self._breaker.failed(exc, self._fallback_name())
         if self._replicas is not None:  # Redis is configured but did not answer
             if self.settings.on_store_failure == "closed":
@@ -202,6 +163,7 @@ class Policy:
                 await backend.settle(team.name, admission.limits, admission.day, delta, model, usage)
         except STORE_ERRORS as exc:
             # The reservation stays charged (over-counts, never under): the safe side.
+            metrics.POLICY_STORE_FAILURES.inc()
             self._breaker.failed(exc, "settlement lost")
 
     async def charge(self, team: Team, model: str, prompt: int, completion: int) -> None:

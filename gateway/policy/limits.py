@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import redis.asyncio as redis_asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.policy.config import TeamLimits
+from gateway.store.redis import bounded_client
 
 PERIOD_US = 60_000_000
 DAY_SECONDS = 86_400
@@ -157,6 +157,8 @@ if tpm > 0 and delta ~= 0 then
   tat = math.max(now, tat + delta * 60000000 / tpm)
   if tat > now then
     redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+  else
+    redis.call('DEL', KEYS[1])  -- refunded back to a full bucket (no key): the old TAT must not stay
   end
 end
 if delta ~= 0 and tonumber(redis.call('HGET', KEYS[2], 'day') or -1) == day then
@@ -187,13 +189,7 @@ class RedisLimits:
 
     def __init__(self, url: str, *, timeout: float) -> None:
         # No retry inside the client: the caller bounds the whole call and has its own fallback.
-        self.client = redis_asyncio.Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_connect_timeout=timeout,
-            socket_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self.client = bounded_client(url, timeout, retry=Retry(NoBackoff(), 0))
         self._admit = self.client.register_script(_ADMIT)
         self._settle = self.client.register_script(_SETTLE)
 

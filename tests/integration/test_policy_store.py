@@ -52,3 +52,47 @@ def test_redis_and_memory_agree(redis_url: str) -> None:
     for shared, local in zip(from_redis, from_memory, strict=True):
         # A token a second flows back: the two runs, a few milliseconds apart, may differ by one.
         assert abs(shared[1] - local[1]) <= 1 and shared[2:] == local[2:]
+
+
+def test_a_refund_to_nothing_frees_the_budget_in_redis_as_in_memory(redis_url: str) -> None:
+    """An upstream error settles at zero: the whole reservation flows back at once, in both backends."""
+    limits = TeamLimits(tokens_per_minute=1_000)
+    team = "refund" + uuid.uuid4().hex[:8]
+
+    async def twice(backend: RedisLimits | MemoryLimits) -> list[str | None]:
+        denied = []
+        for _ in range(2):
+            decision = await backend.admit(team, limits, 900, requests_only=False)
+            denied.append(decision.denied)
+            await backend.settle(team, limits, decision.day, -900, "gpt-4o", Usage(requests=1))
+        return denied
+
+    async def both() -> tuple[list[str | None], list[str | None]]:
+        shared = RedisLimits(redis_url, timeout=2.0)
+        try:
+            return await twice(shared), await twice(MemoryLimits())
+        finally:
+            await shared.close()
+
+    assert asyncio.run(both()) == ([None, None], [None, None])
+
+
+def test_a_burst_beyond_the_connection_pool_waits_for_redis_rather_than_failing(redis_url: str) -> None:
+    """More checks in flight than the client has connections: each waits its turn (within its bound),
+    and Redis alone decides, so the budget holds."""
+    limits = TeamLimits(tokens_per_minute=20_000)
+    team = "burst" + uuid.uuid4().hex[:8]
+
+    async def burst() -> list[str | None]:
+        shared = RedisLimits(redis_url, timeout=5.0)
+        try:
+            decisions = await asyncio.gather(
+                *(shared.admit(team, limits, 1_000, requests_only=False) for _ in range(300))
+            )
+        finally:
+            await shared.close()
+        return [decision.denied for decision in decisions]
+
+    denied = asyncio.run(burst())
+    admitted = denied.count(None)
+    assert 20 <= admitted <= 21  # the budget and the second's refill, not a fallback's fresh one

@@ -15,7 +15,7 @@ from gateway.policy.keys import hash_key
 from gateway.runtime import Runtime
 from gateway.settings import load_settings
 from gateway.store import MemoryStore, Store, open_store
-from gateway.store.redis import RedisStore
+from gateway.store.redis import STORE_ERRORS, RedisStore
 from gateway.tokens.learned_windows import Evidence, LearnedWindows
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
@@ -26,7 +26,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         backend: Store = MemoryStore()
     else:
-        backend = RedisStore(request.getfixturevalue("redis_url"))
+        backend = RedisStore(request.getfixturevalue("redis_url"), timeout=1.0, cooldown=1.0)
     yield backend
     await backend.close()
 
@@ -70,9 +70,9 @@ async def test_ping(store: Store) -> None:
 
 
 def test_open_store_picks_backend(redis_url: str) -> None:
-    assert isinstance(open_store(None), MemoryStore)
-    assert isinstance(open_store(""), MemoryStore)
-    assert isinstance(open_store(redis_url), RedisStore)
+    assert isinstance(open_store(None, timeout=1.0, cooldown=1.0), MemoryStore)
+    assert isinstance(open_store("", timeout=1.0, cooldown=1.0), MemoryStore)
+    assert isinstance(open_store(redis_url, timeout=1.0, cooldown=1.0), RedisStore)
 
 
 def test_replicas_share_learned_window_through_redis(
@@ -159,3 +159,32 @@ async def test_concurrent_first_requests_all_wait_for_the_one_store_read() -> No
         return runtime.windows.resolve_window(model).tokens
 
     assert await asyncio.gather(*(first_request() for _ in range(6))) == [5000] * 6
+
+
+async def test_a_silent_redis_costs_a_few_bounded_waits_then_none() -> None:
+    """Redis accepting connections and never answering (a stall, a black-holed route): each read
+    fails at the store's bound, and once the breaker opens reads fail at once, reaching nothing."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # never answers
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", timeout=0.2, cooldown=30.0)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(STORE_ERRORS):
+                await store.get("window:gpt-4o")
+            assert time.monotonic() - started < 1.5  # the bound, not redis-py's own socket timeout
+        reached = len(accepted)
+        for _ in range(20):
+            with pytest.raises(STORE_ERRORS):
+                await store.get("window:gpt-4o")
+        assert len(accepted) == reached  # the breaker is open: no more waits
+    finally:
+        await store.close()
+        for writer in accepted:
+            writer.close()
+        server.close()

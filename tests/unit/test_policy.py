@@ -309,9 +309,9 @@ def test_teams_count_as_gateway_keys_for_the_open_relay_check() -> None:
 
 
 def test_breaker_opens_after_failures_in_a_row_and_retries_after_the_cooldown() -> None:
-    from gateway.policy.enforcer import BREAKER_THRESHOLD, CircuitBreaker
+    from gateway.store.breaker import BREAKER_THRESHOLD, CircuitBreaker
 
-    breaker = CircuitBreaker(cooldown=0.05)
+    breaker = CircuitBreaker(cooldown=0.05, what="team limit store")
     for _ in range(BREAKER_THRESHOLD - 1):
         breaker.failed(TimeoutError(), "memory")
         assert breaker.allows()  # one late call does not hand the cooldown to per-replica limits
