@@ -2,6 +2,7 @@
 
     python bench/proxy_wrk.py [--baseline DIR] [--api A ...] [--size S ...] [--concurrency 8 64]
                               [--same-body] [--seconds 3] [--rounds 5] [--log-level warning|info]
+                              [--parts]
 
 bench/proxy_overhead.py drives the targets from a Python (aiohttp) client, which
 takes a core's worth of CPU on this 2-core machine. wrk (Debian's `wrk`
@@ -17,6 +18,11 @@ same round, with their range beside it: this shared machine's speed drifts by
 a third over minutes (the floor alone read 0.47 and 0.76 ms on one cell in two
 runs), and a ratio of figures measured seconds apart cancels the drift that a
 ratio of two medians keeps.
+
+`--parts` adds two targets made of this checkout's gateway with work taken out
+(bench/gateway_parts.py): `relay` (its server, middleware and upstream client, nothing parsed
+or counted; non-streamed answers only) and `uncounted` (everything but the exact count): where
+the gateway's CPU above the floor goes.
 
 Bodies are bench/proxy_payloads.py's: by default every request carries a new
 nonce in its latest message, as in proxy_overhead.py (a chat history repeated
@@ -44,7 +50,7 @@ import uvloop
 from proxy_ab import THIS_CHECKOUT, servers
 from proxy_overhead import FLOOR_AIOHTTP, GOAL_CPU_RATIO, check_fast_path, cpu_seconds, rotated
 from proxy_payloads import APIS, NONCE_WIDTH, Payload, build
-from servers import Server, stop
+from servers import REPO, Server, gateway_environment, start, stop
 
 # The proxies share one core, wrk and the upstream the other, so the client's and upstream's
 # scheduling does not land in a proxy's CPU time.
@@ -152,10 +158,20 @@ def measure(
     return {target: statistics.median(values) for target, values in per_round.items()}, ratios
 
 
+PART_NAMES = {"relay": "gateway: relay", "uncounted": "gateway: uncounted"}
+
+
+def start_parts(running: dict[str, Server], logs: Path, log_level: str) -> None:
+    env = {**gateway_environment(running["upstream"]), "GATEWAY_SERVER_LOG_LEVEL": log_level}
+    for part, name in PART_NAMES.items():
+        launcher = [str(REPO / "bench" / "gateway_parts.py"), part, "serve"]
+        running[name] = start(name, launcher, health="/healthz", env=env, logs=logs)
+
+
 async def fast_paths(running: dict[str, Server], payload: Payload) -> None:
     async with aiohttp.ClientSession() as session:
         for name, server in running.items():
-            if name != FLOOR_AIOHTTP:
+            if name not in (FLOOR_AIOHTTP, PART_NAMES["relay"]):  # the relay sets no gateway headers
                 await check_fast_path(session, server, payload)
 
 
@@ -169,6 +185,7 @@ def main() -> int:
     parser.add_argument("--stream", choices=("no", "yes"), nargs="+", default=["no", "yes"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--same-body", action="store_true", help="one identical body for every request")
+    parser.add_argument("--parts", action="store_true", help="add bench/gateway_parts.py's targets")
     parser.add_argument("--seconds", type=float, default=3.0, help="wrk load per target, cell and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
@@ -185,6 +202,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
         running = servers(args.baseline.resolve() if args.baseline else None, logs, args.log_level)
+        if args.parts:
+            try:
+                start_parts(running, logs, args.log_level)
+            except BaseException:
+                for server in running.values():
+                    stop(server)
+                raise
         upstream = running.pop("upstream")
         try:
             pin(upstream, CLIENT_CPU)
