@@ -137,7 +137,7 @@ def usage_from_json(body: bytes) -> object:
     """The ``usage`` of a non-streamed answer, at its top or in its ``message`` / ``response``
     (None if it has none)."""
     try:
-        return _usage_of(orjson.loads(body))
+        return usage_of(orjson.loads(body))
     except orjson.JSONDecodeError:
         return None
 
@@ -162,7 +162,7 @@ def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
             if not line.startswith(b"data:"):
                 continue
             try:
-                tokens = prompt_tokens(_usage_of(orjson.loads(line[5:])))
+                tokens = prompt_tokens(usage_of(orjson.loads(line[5:])))
             except orjson.JSONDecodeError:
                 continue
             if tokens is not None:
@@ -170,7 +170,9 @@ def prompt_tokens_from_sse_tail(tail: bytes) -> int | None:
     return None
 
 
-def _usage_of(payload: object) -> object:
+def usage_of(payload: object) -> object:
+    """An answer's or an event's ``usage``: at its top, or in its ``message`` (Anthropic's
+    `message_start`) or ``response`` (the Responses API's answers and events)."""
     if not isinstance(payload, dict):
         return None
     for holder in (payload, payload.get("message"), payload.get("response")):

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from gateway.policy.limits import Usage
+from gateway.relay import prompt_tokens, usage_of
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')
@@ -40,7 +41,12 @@ def ask_for_usage(payload: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class StreamMeter:
-    """Watches a chat stream's events as they pass: finds the usage, counts content events.
+    """Watches a stream's events as they pass: finds the usage, counts content events.
+
+    The usage is where each API puts it: a chat completion's last chunk; Anthropic's
+    `message_start` (the prompt, cache included) and `message_delta` (the output so far); the
+    Responses API's `response.completed`. An output count is final only when no delta came
+    after it (Anthropic's `message_start` states one before the answer starts).
 
     With ``strip``, returns the stream without what the gateway's own include_usage added;
     otherwise returns every chunk unchanged (and unbuffered).
@@ -48,9 +54,11 @@ class StreamMeter:
 
     def __init__(self, *, strip: bool) -> None:
         self.strip = strip
-        self.usage: tuple[int, int] | None = None
+        self.prompt: int | None = None
+        self.completion: int | None = None
         # Delta events seen: about one token each, the estimate for a stream that dies early.
         self.delta_events = 0
+        self._completion_final = False
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -80,6 +88,7 @@ class StreamMeter:
         """The event as the client should get it (b"" to drop it)."""
         if b'"delta"' in event:
             self.delta_events += 1
+            self._completion_final = False
         if b'"usage"' not in event:
             return event
         if self.strip:
@@ -87,19 +96,23 @@ class StreamMeter:
             if stripped != event:
                 return stripped
         payload = _data(event)
-        if not isinstance(payload, dict) or not isinstance(payload.get("usage"), dict):
+        usage = usage_of(payload)
+        if not isinstance(usage, dict):
             return event
-        self.usage = usage_counts(payload["usage"]) or self.usage
-        if self.strip and payload.get("choices") == []:
+        prompt, completion = prompt_tokens(usage), _count(usage, "completion_tokens", "output_tokens")
+        self.prompt = self.prompt if prompt is None else prompt
+        if completion is not None:
+            self.completion, self._completion_final = completion, True
+        if self.strip and isinstance(payload, dict) and payload.get("choices") == []:
             return b""
         return event
 
     def settlement(self, prompt_counted: int, saved: int) -> Usage:
-        """The upstream's usage when it sent it; else the gateway's prompt count and the deltas seen."""
-        if self.usage is not None:
-            prompt, completion = self.usage
-        else:
-            prompt, completion = prompt_counted, self.delta_events
+        """The upstream's usage as far as it sent it; else the gateway's prompt count, and the
+        deltas seen for the output."""
+        prompt = prompt_counted if self.prompt is None else self.prompt
+        final = self.completion is not None and self._completion_final
+        completion = self.completion if final and self.completion is not None else self.delta_events
         return Usage(requests=1, prompt=prompt, completion=completion, saved=saved)
 
 
@@ -129,11 +142,18 @@ def _data(event: bytes) -> object:
 
 def usage_counts(usage: object) -> tuple[int, int] | None:
     """(prompt, completion) tokens of a ``usage`` object, if it states both (chat completions'
-    prompt/completion_tokens, or the native APIs' input/output_tokens)."""
+    prompt/completion_tokens, or the native APIs' input/output_tokens; the prompt with the
+    tokens Anthropic reports apart as cache writes and reads)."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    if isinstance(prompt, int) and isinstance(completion, int) and prompt >= 0 and completion >= 0:
-        return prompt, completion
+    prompt, completion = prompt_tokens(usage), _count(usage, "completion_tokens", "output_tokens")
+    return None if prompt is None or completion is None else (prompt, completion)
+
+
+def _count(usage: dict[str, Any], *names: str) -> int | None:
+    """The first of `names` the usage states, as a count."""
+    for name in names:
+        if name in usage:
+            value = usage[name]
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
     return None

@@ -21,7 +21,7 @@ from gateway.policy.keys import KeyIndex, hash_key, new_key, presented_key
 from gateway.policy.limits import MemoryLimits, Usage
 from gateway.policy.streams import StreamMeter, ask_for_usage
 from gateway.settings import ConfigError, load_settings
-from tests.fakes import answers
+from tests.fakes import answers, anthropic_api, responses_api
 
 KEY = "cgw-test-key-1"
 HASH = hash_key(KEY)
@@ -266,7 +266,6 @@ def test_stripped_stream_is_byte_identical_however_it_is_split(cuts: list[int]) 
     meter = StreamMeter(strip=True)
     out = b"".join(meter.feed(piece) for piece in pieces) + meter.flush()
     assert out == without
-    assert meter.usage == (12, 9)
     assert meter.settlement(100, 5) == Usage(1, 12, 9, 5)
 
 
@@ -275,15 +274,41 @@ def test_meter_without_strip_relays_chunks_untouched_and_still_reads_usage() -> 
     meter = StreamMeter(strip=False)
     pieces = [with_usage[i : i + 37] for i in range(0, len(with_usage), 37)]
     assert [meter.feed(piece) for piece in pieces] == pieces
-    assert meter.flush() == b"" and meter.usage == (12, 9)
+    assert meter.flush() == b"" and meter.settlement(100, 0) == Usage(1, 12, 9, 0)
 
 
 def test_a_stream_that_dies_early_settles_with_what_was_counted() -> None:
     events = stream(include_usage=True).split(b"\n\n")
     meter = StreamMeter(strip=True)
     meter.feed(b"\n\n".join(events[:3]) + b"\n\n")
-    assert meter.usage is None
     assert meter.settlement(40, 0) == Usage(1, 40, 3, 0)
+
+
+ANTHROPIC_TOKENS = {"input_tokens": 505, "cache_read_input_tokens": 40, "output_tokens": 51}
+
+
+def test_an_anthropic_stream_settles_with_its_own_usage_and_a_cut_one_with_its_prompt() -> None:
+    text = {"type": "text", "text": "a streamed answer, " * 12}
+    events = anthropic_api.events(IDENTITY, [text], "end_turn", ANTHROPIC_TOKENS)
+    meter = StreamMeter(strip=False)
+    for event in events:
+        meter.feed(event)
+    assert meter.settlement(300, 0) == Usage(1, 545, 51, 0)  # input + cache reads; the final output
+    cut = StreamMeter(strip=False)
+    for event in events[:-3]:  # broken before message_delta: output_tokens 1 was the opening's
+        cut.feed(event)
+    deltas = sum(b'"delta"' in event for event in events[:-3])
+    assert deltas > 1 and cut.settlement(300, 0) == Usage(1, 545, deltas, 0)
+
+
+def test_a_responses_stream_settles_with_the_usage_of_its_completed_event() -> None:
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+    item["content"] = [{"type": "output_text", "text": "a streamed answer, " * 12, "annotations": []}]
+    events = responses_api.events(IDENTITY, {"model": "gpt-4o"}, [item], answers.Usage(498, 51))
+    meter = StreamMeter(strip=False)
+    for event in events:
+        meter.feed(event)
+    assert meter.settlement(300, 7) == Usage(1, 498, 51, 7)
 
 
 def test_meter_bounds_an_event_that_never_ends() -> None:
