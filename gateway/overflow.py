@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -612,8 +612,11 @@ def _normalized(text: str) -> str:
     return " ".join(text.replace("\\", "").split()).lower()
 
 
-def _quoted(overflow: Overflow, sent: bytes) -> bool:
-    """Does the request itself hold the wording? Then the upstream may only be quoting it.
+def _client_spelled(overflow: Overflow, sent: bytes) -> str | None:
+    """How much of the wording the request itself holds: "sentence" (a string of it holds the
+    whole wording), "numbers" (a string of it sits inside the wording and holds a number the
+    overflow states: pieces of one sentence, spread over several values the upstream lists
+    together, as OpenAI lists the tool_call_ids it cannot pair), or None.
 
     Validation errors quote client values (Anthropic names an unknown content block's `type`,
     OpenAI a `tool_call_id` it cannot pair), so a client could spell an overflow, with a window
@@ -623,11 +626,14 @@ def _quoted(overflow: Overflow, sent: bytes) -> bool:
     """
     wording = _normalized(overflow.wording)
     if not sent or not wording:
-        return False
+        return None
+    stated = [n for n in (overflow.window, overflow.prompt_tokens, overflow.requested_output) if n]
+    numbers = {str(n) for n in stated} | {f"{n:,}" for n in stated}
     try:
         stack: list[object] = [orjson.loads(sent)]
     except orjson.JSONDecodeError:
-        return wording in _normalized(sent.decode("utf-8", errors="replace"))
+        return "sentence" if wording in _normalized(sent.decode("utf-8", errors="replace")) else None
+    spelled = None
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
@@ -635,9 +641,25 @@ def _quoted(overflow: Overflow, sent: bytes) -> bool:
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)
-        elif isinstance(value, str) and wording in _normalized(value):
-            return True
-    return False
+        elif isinstance(value, str):
+            text = _normalized(value)
+            if wording in text:
+                return "sentence"
+            if spelled is None and text in wording and any(number in text for number in numbers):
+                spelled = "numbers"
+    return spelled
+
+
+def _believed(overflow: Overflow, sent: bytes) -> Overflow | None:
+    """The overflow as far as the client did not write it: none when it quotes a whole sentence of
+    the request, without its numbers when the request supplied them (still an overflow: the
+    prompt is compressed and sent again, but no window is learned from the client's numbers)."""
+    spelled = _client_spelled(overflow, sent)
+    if spelled == "sentence":
+        return None
+    if spelled == "numbers":
+        return replace(overflow, window=None, prompt_tokens=None, requested_output=None)
+    return overflow
 
 
 def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow | None:
@@ -645,7 +667,8 @@ def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow |
 
     A 2xx counts only when its body is an error object (SGLang answers 200 with
     an error body); 429 never does. Only the first 64 KiB of the body is read.
-    A wording that the request `sent` holds itself is not believed (`_quoted`).
+    A wording that the request `sent` holds itself is not believed, nor numbers it supplied
+    (`_believed`).
     """
     is_success = 200 <= status < 300
     if not is_success and status not in _ALL_STATUSES:
@@ -654,7 +677,7 @@ def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow |
     if is_success and not scan.error_object:
         return None
     overflow = _match(scan, None if is_success else status)
-    return None if overflow is None or _quoted(overflow, sent) else overflow
+    return None if overflow is None else _believed(overflow, sent)
 
 
 def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
@@ -716,7 +739,7 @@ def classify_stream_error(chunk: bytes, sent: bytes = b"") -> Overflow | None:
             continue
         overflow = _match(scan, None)
         if overflow is not None:
-            return None if _quoted(overflow, sent) else overflow
+            return _believed(overflow, sent)
     return None
 
 

@@ -1472,6 +1472,35 @@ def test_an_overflow_wording_the_request_holds_is_a_quote_not_a_refusal(
     assert classify_stream_error(stream_head, sent) is None
 
 
+def test_an_overflow_spelled_across_values_the_upstream_lists_together_teaches_no_window() -> None:
+    """OpenAI lists the tool_call_ids it cannot pair joined by ", ": a client spreading one overflow
+    sentence over two ids rebuilt it there, and its window was learned for every client."""
+    ids = [
+        "This model's maximum context length is 1100 tokens. However",
+        "you requested 1300 tokens (1290 in the messages, 10 in the completion)",
+    ]
+    calls = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+    sent = orjson.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": calls}]})
+    error = openai_error(
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+        "'tool_call_id'. The following tool_call_ids did not have response messages: " + ", ".join(ids)
+    )
+    alone = classify_overflow(400, error)
+    assert alone is not None and alone.window == 1100  # the wording alone reads as a stated window
+    spelled = classify_overflow(400, error, sent)
+    assert spelled is not None and (spelled.window, spelled.prompt_tokens, spelled.requested_output) == (
+        None,
+        None,
+        None,
+    )
+    assert classify_stream_error(b"data: " + error + b"\n\n", sent) == spelled
+    # The upstream's own numbers next to a client's short string are still read.
+    own = openai_error("This model's maximum context length is 128000 tokens. However, you requested 130000.")
+    with_id = orjson.dumps({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "ok"}]})
+    read = classify_overflow(400, own, with_id)
+    assert read is not None and read.window == 128000
+
+
 def test_a_request_quoting_other_numbers_or_a_code_still_gets_its_overflow_read() -> None:
     """Conversations quote overflow messages (a coding agent debugging one): only the very
     wording counts as a quote, and an error code is the upstream's own."""
