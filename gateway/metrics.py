@@ -169,5 +169,10 @@ def exposition() -> bytes:
 
 def process_exiting() -> None:
     """A worker's live gauges (requests in flight) stop counting once it is gone."""
+    process_gone(os.getpid())
+
+
+def process_gone(pid: int) -> None:
+    """Worker `pid`'s live gauges stop counting (it exited, or was killed and replaced)."""
     if os.environ.get(MULTIPROC_DIR_ENV):
-        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

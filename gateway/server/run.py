@@ -32,7 +32,7 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.supervisors import Multiprocess
 
-from gateway.metrics import MULTIPROC_DIR_ENV
+from gateway.metrics import MULTIPROC_DIR_ENV, process_gone
 from gateway.request_log import logging_config
 from gateway.server.cpus import worker_count
 from gateway.server.protocol import ConnectionLimits, limited_protocol
@@ -89,7 +89,16 @@ class _WorkerConfig(uvicorn.Config):
 
 class _Supervisor(Multiprocess):
     """uvicorn's worker supervisor, except that it stops listening as soon as it is told to stop:
-    its own copy of the socket would keep taking connections into a backlog no worker serves."""
+    its own copy of the socket would keep taking connections into a backlog no worker serves;
+    and a worker that died without exiting (killed outright: out of memory) has its live gauges
+    retired when it is replaced, which it could not do itself."""
+
+    def keep_subprocess_alive(self) -> None:
+        alive = {process.pid for process in self.processes}
+        super().keep_subprocess_alive()
+        for pid in alive - {process.pid for process in self.processes}:
+            if pid is not None:
+                process_gone(pid)
 
     def handle_term(self) -> None:
         self._stop_listening()

@@ -8,6 +8,7 @@ the workers share a real Redis. What the tests read is what an operator sees: HT
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -303,3 +304,56 @@ def test_serving_leaves_the_cyclic_collector_idle(tmp_path: Path, fake_upstream:
     assert set(before) == {"0", "1", "2"}
     assert after["2"] == before["2"], "a full collection ran while serving"
     assert after["0"] - before["0"] <= 2, f"{after['0'] - before['0']:.0f} young collections in 600 requests"
+
+
+def _ready(origin: str) -> bool:
+    try:
+        return httpx.get(f"{origin}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _workers_of(server: servers.Server) -> set[int]:
+    """The worker processes (multiprocessing's own helper, its resource tracker, left out)."""
+    children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text()
+    workers = set()
+    for pid in map(int, children.split()):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.add(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return workers
+
+
+def test_a_worker_killed_outright_leaves_no_requests_in_flight_behind(
+    tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    """An out-of-memory kill ends a worker mid-stream with no chance to retire its gauges: the
+    supervisor does it when it replaces the worker, so the in-flight gauge drains back to 0."""
+    fake_upstream.chunk_delay = 0.25
+    server = _serve(tmp_path, fake_upstream, "--workers", "2")
+    words = " ".join(f"word{i}" for i in range(40))
+    body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": words}]}
+    try:
+        killed = _workers_of(server)
+        assert len(killed) == 2
+        idle = metric(server.origin, "gateway_requests_in_flight")  # (the scrape may count itself)
+        with httpx.stream("POST", f"{server.origin}/v1/chat/completions", json=body, timeout=30) as stream:
+            lines = stream.iter_lines()
+            next(lines)  # the stream is in flight on one of the workers
+            assert metric(server.origin, "gateway_requests_in_flight") > idle
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            with pytest.raises(httpx.HTTPError):
+                for _ in lines:
+                    pass
+        deadline = time.monotonic() + 20
+        while len(_workers_of(server) - killed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_workers_of(server) - killed) == 2  # both replaced
+        while not _ready(server.origin) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert metric(server.origin, "gateway_requests_in_flight") == idle
+    finally:
+        servers.stop(server)
