@@ -201,8 +201,8 @@ class ResponsesInput:
         for made in self._messages(layout, origins[-1].stop if origins else 0):
             for column, value in zip(columns, made, strict=False):  # all but the JSON, written below
                 column.append(value)
-        if not layout.fittable:
-            return Converted.bare(())
+        if not layout.fittable:  # counted as the items are (never fitted): each field's text or JSON
+            return Converted.bare(tuple(items))
         if conversions is None:
             return Converted.bare(messages)
         try:

@@ -404,3 +404,36 @@ def test_a_team_limited_to_some_models_must_name_the_model(
         named = client.responses.create(model=MODEL, prompt={"id": "pmpt_abc"}, input="hi")
         assert named.status == "completed"
     assert [r.json.get("model") for r in fake_upstream.requests_to("/v1/responses")] == [MODEL]
+
+
+def test_an_input_the_gateway_cannot_fit_is_still_counted_whole_and_held_to_a_team_cap(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """A program's output (no call id) answers no call the gateway can see, so the items cannot be
+    fitted pair-safe: they go as they are, but counted in full, and not past a team's cap."""
+    fake_upstream.window = None
+    items: Any = [{"role": "user", "content": log_line(turn)} for turn in range(6)]
+    call = {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"}
+    paired = [*items, call, {"type": "function_call_output", "call_id": "c1", "output": log_line(7)}]
+    unpaired = [*items, {"type": "function_call_output", "output": log_line(7)}]
+    url = windowed(start_gateway, 100_000)
+    with openai.OpenAI(base_url=url, api_key="sk-caller", max_retries=0) as client:
+        counted = {
+            name: int(
+                client.responses.with_raw_response.create(model=MODEL, input=body).headers[
+                    "x-gateway-prompt-tokens-before"
+                ]
+            )
+            for name, body in (("paired", paired), ("unpaired", unpaired))
+        }
+    assert counted["unpaired"] > 0.9 * counted["paired"]  # not the instructions alone (3 tokens)
+    teams = {"small": {"keys": [hash_key("sk-team-small")], "limits": {"max_context_tokens": 1_000}}}
+    capped = windowed(start_gateway, 100_000, GATEWAY_TEAMS=orjson.dumps(teams).decode())
+    sent_before = len(fake_upstream.requests_to("/v1/responses"))
+    with openai.OpenAI(base_url=capped, api_key="sk-team-small", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model=MODEL, input=unpaired)
+        assert refused.value.code == "context_length_exceeded" and refused.value.param == "input"
+        fitted = client.responses.with_raw_response.create(model=MODEL, input=paired)
+        assert int(fitted.headers["x-gateway-prompt-tokens-after"]) <= 1_000
+    assert len(fake_upstream.requests_to("/v1/responses")) == sent_before + 1  # the fitted one only
