@@ -58,6 +58,8 @@ class Overflow:
     wording: str = field(default="", compare=False)
 
 
+# A request string shorter than this is no piece of a spelled overflow (`_client_spelled`).
+_MIN_PIECE_CHARS = 4
 # Bodies can be megabytes (an HTML error page, a proxy echoing the request);
 # every known overflow message sits in the first few hundred bytes.
 _SCAN_LIMIT = 64 * 1024
@@ -568,9 +570,9 @@ def _number(text: str | None) -> int | None:
     return _bounded(int(digits)) if len(digits) <= 10 else None
 
 
-def _match(scan: _Scan, status: int | None) -> Overflow | None:
-    """First rule that matches decides; `status` None means any (an in-band error)."""
-    haystack = scan.haystack()
+def _match(scan: _Scan, haystack: str, status: int | None) -> Overflow | None:
+    """First rule that matches decides in `haystack` (`scan`'s); `status` None means any (an
+    in-band error)."""
     for rule in _RULES:
         if not rule.exclude and status is not None and status not in rule.statuses:
             continue
@@ -612,28 +614,29 @@ def _normalized(text: str) -> str:
     return " ".join(text.replace("\\", "").split()).lower()
 
 
-def _client_spelled(overflow: Overflow, sent: bytes) -> str | None:
-    """How much of the wording the request itself holds: "sentence" (a string of it holds the
-    whole wording), "numbers" (a string of it sits inside the wording and holds a number the
-    overflow states: pieces of one sentence, spread over several values the upstream lists
-    together, as OpenAI lists the tool_call_ids it cannot pair), or None.
+def _client_spelled(overflow: Overflow, sent: bytes, haystack: str) -> str | None:
+    """How much of the wording the request itself wrote: "sentence" (one of its strings holds the
+    whole wording), "most" (its strings, where the error quotes them, cover at least half of the
+    wording: pieces of one sentence spread over values the upstream lists together, as OpenAI
+    lists the tool_call_ids it cannot pair), or None.
 
     Validation errors quote client values (Anthropic names an unknown content block's `type`,
     OpenAI a `tool_call_id` it cannot pair), so a client could spell an overflow, with a window
     of its choosing, into an error about something else: believed, that window would be learned
-    for every client of the model. A code field ("code=…", read with no wording) is the
-    upstream's own.
+    for every client of the model. A short string that happens to equal one of the upstream's
+    numbers ("10", a reply) covers too little to count. A code field ("code=…", read with no
+    wording) is the upstream's own.
     """
     wording = _normalized(overflow.wording)
-    if not sent or not wording:
+    start = haystack.find(overflow.wording)
+    if not sent or not wording or start < 0:
         return None
-    stated = [n for n in (overflow.window, overflow.prompt_tokens, overflow.requested_output) if n]
-    numbers = {str(n) for n in stated} | {f"{n:,}" for n in stated}
     try:
         stack: list[object] = [orjson.loads(sent)]
     except orjson.JSONDecodeError:
         return "sentence" if wording in _normalized(sent.decode("utf-8", errors="replace")) else None
-    spelled = None
+    end = start + len(overflow.wording)
+    covered = bytearray(end - start)
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
@@ -642,22 +645,28 @@ def _client_spelled(overflow: Overflow, sent: bytes) -> str | None:
         elif isinstance(value, list):
             stack.extend(value)
         elif isinstance(value, str):
-            text = _normalized(value)
-            if wording in text:
+            if wording in _normalized(value):
                 return "sentence"
-            if spelled is None and text in wording and any(number in text for number in numbers):
-                spelled = "numbers"
-    return spelled
+            piece = " ".join(value.split()).lower()  # as the haystack reads
+            if len(piece) < _MIN_PIECE_CHARS:
+                continue
+            # Occurrences that overlap the wording: within it, or running past either end.
+            at = haystack.find(piece, max(0, start - len(piece) + 1), end + len(piece) - 1)
+            while at >= 0:
+                first, last = max(at, start), min(at + len(piece), end)
+                covered[first - start : last - start] = b"\x01" * (last - first)
+                at = haystack.find(piece, at + 1, end + len(piece) - 1)
+    return "most" if 2 * sum(covered) >= len(covered) else None
 
 
-def _believed(overflow: Overflow, sent: bytes) -> Overflow | None:
+def _believed(overflow: Overflow, sent: bytes, haystack: str) -> Overflow | None:
     """The overflow as far as the client did not write it: none when it quotes a whole sentence of
-    the request, without its numbers when the request supplied them (still an overflow: the
+    the request, without its numbers when the request wrote most of it (still an overflow: the
     prompt is compressed and sent again, but no window is learned from the client's numbers)."""
-    spelled = _client_spelled(overflow, sent)
+    spelled = _client_spelled(overflow, sent, haystack)
     if spelled == "sentence":
         return None
-    if spelled == "numbers":
+    if spelled == "most":
         return replace(overflow, window=None, prompt_tokens=None, requested_output=None)
     return overflow
 
@@ -676,8 +685,9 @@ def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow |
     scan = _scan(body)
     if is_success and not scan.error_object:
         return None
-    overflow = _match(scan, None if is_success else status)
-    return None if overflow is None else _believed(overflow, sent)
+    haystack = scan.haystack()
+    overflow = _match(scan, haystack, None if is_success else status)
+    return None if overflow is None else _believed(overflow, sent, haystack)
 
 
 def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
@@ -737,9 +747,10 @@ def classify_stream_error(chunk: bytes, sent: bytes = b"") -> Overflow | None:
         scan = _scan(payload, errors_only=True)
         if not scan.error_object:
             continue
-        overflow = _match(scan, None)
+        haystack = scan.haystack()
+        overflow = _match(scan, haystack, None)
         if overflow is not None:
-            return _believed(overflow, sent)
+            return _believed(overflow, sent, haystack)
     return None
 
 

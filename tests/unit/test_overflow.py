@@ -1494,11 +1494,29 @@ def test_an_overflow_spelled_across_values_the_upstream_lists_together_teaches_n
         None,
     )
     assert classify_stream_error(b"data: " + error + b"\n\n", sent) == spelled
-    # The upstream's own numbers next to a client's short string are still read.
-    own = openai_error("This model's maximum context length is 128000 tokens. However, you requested 130000.")
-    with_id = orjson.dumps({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "ok"}]})
-    read = classify_overflow(400, own, with_id)
-    assert read is not None and read.window == 128000
+    # Pieces that run past the wording on either side, or three of them: still the client's.
+    for pieces in (
+        ["zz " + ids[0], ids[1] + " zz"],
+        ["This model's maximum context length is", "1100", "tokens. However, you requested 1300 tokens"],
+    ):
+        calls = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in pieces]
+        sent = orjson.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": calls}]})
+        unpaired = "The following tool_call_ids did not have response messages: "
+        listed = openai_error(unpaired + " ".join(pieces))
+        read = classify_overflow(400, listed, sent)
+        assert read is not None and read.window is None, pieces
+
+
+@pytest.mark.parametrize("short", ["10", "128000", "0", "call_1"])
+def test_a_short_request_string_equal_to_an_upstream_number_leaves_its_numbers_read(short: str) -> None:
+    own = openai_error(
+        "This model's maximum context length is 128000 tokens. However, you requested 130010 tokens "
+        "(130000 in the messages, 10 in the completion). Please reduce the length of the messages."
+    )
+    sent = orjson.dumps({"messages": [{"role": "user", "content": short}], "metadata": {"k": short}})
+    read = classify_overflow(400, own, sent)
+    assert read is not None
+    assert (read.window, read.prompt_tokens, read.requested_output) == (128000, 130000, 10)
 
 
 def test_a_request_quoting_other_numbers_or_a_code_still_gets_its_overflow_read() -> None:
