@@ -13,6 +13,7 @@ string a quote is always escaped, so ``,"usage"`` cannot occur there.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -27,6 +28,8 @@ _NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*n
 # An event still open after this many bytes is relayed as it is (a stream that never ends its
 # events must not make the gateway buffer without bound).
 MAX_PENDING_BYTES = 1024 * 1024
+# Of such an event, the last bytes kept to read its usage from (`StreamMeter._note_usage_in_tail`).
+LONG_EVENT_TAIL = 64 * 1024
 
 
 def ask_for_usage(payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -60,22 +63,49 @@ class StreamMeter:
         self.delta_events = 0
         self._completion_final = False
         self._pending = b""
+        # The end of an event too long to hold, while it is relayed piece by piece.
+        self._long_tail: bytes | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk
         events = _EVENT_END.split(data)
         separators = _EVENT_END.findall(data)
         self._pending = events.pop()
-        if len(self._pending) > MAX_PENDING_BYTES:
-            events.append(self._pending)
-            separators.append(b"")
-            self._pending = b""
         out = []
+        if self._long_tail is not None:  # inside an event too long to hold: relayed as it comes
+            if not separators:
+                out.append(self._pending)
+                self._long_tail, self._pending = (self._long_tail + self._pending)[-LONG_EVENT_TAIL:], b""
+                return b"".join(out) if self.strip else chunk
+            end = events.pop(0)
+            out.append(end + separators.pop(0))
+            self._note_usage_in_tail(self._long_tail + end)
+            self._long_tail = None
+        if len(self._pending) > MAX_PENDING_BYTES:
+            out_of_events, self._pending = self._pending, b""
+            self._long_tail = out_of_events[-LONG_EVENT_TAIL:]
+        else:
+            out_of_events = b""
         for event, separator in zip(events, separators, strict=True):
             kept = self._event(event)
             if kept or not event:
                 out.append(kept + separator)
+        out.append(out_of_events)
         return b"".join(out) if self.strip else chunk
+
+    def _note_usage_in_tail(self, tail: bytes) -> None:
+        """The usage of an event too long to hold, read from its end: the Responses API's
+        `response.completed` echoes the whole output (images, files) before its usage."""
+        at = tail.rfind(b'"usage"')
+        colon = tail.find(b":", at)
+        if at < 0 or colon < 0:
+            return
+        try:
+            usage, _ = json.JSONDecoder().raw_decode(tail[colon + 1 :].decode("utf-8", "replace").lstrip())
+        except ValueError:
+            return
+        if isinstance(usage, dict):
+            self._note(usage)
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""
@@ -99,13 +129,19 @@ class StreamMeter:
         usage = usage_of(payload)
         if not isinstance(usage, dict):
             return event
-        prompt, completion = prompt_tokens(usage), _count(usage, "completion_tokens", "output_tokens")
-        self.prompt = self.prompt if prompt is None else prompt
-        if completion is not None:
-            self.completion, self._completion_final = completion, True
+        self._note(usage)
         if self.strip and isinstance(payload, dict) and payload.get("choices") == []:
             return b""
         return event
+
+    def _note(self, usage: dict[str, Any]) -> None:
+        # A later prompt count never lowers an earlier one: Anthropic's message_delta may restate
+        # the input without the cache tokens its message_start counted.
+        prompt, completion = prompt_tokens(usage), _count(usage, "completion_tokens", "output_tokens")
+        if prompt is not None:
+            self.prompt = max(prompt, self.prompt or 0)
+        if completion is not None:
+            self.completion, self._completion_final = completion, True
 
     def settlement(self, prompt_counted: int, saved: int) -> Usage:
         """The upstream's usage as far as it sent it; else the gateway's prompt count, and the

@@ -301,6 +301,36 @@ def test_an_anthropic_stream_settles_with_its_own_usage_and_a_cut_one_with_its_p
     assert deltas > 1 and cut.settlement(300, 0) == Usage(1, 545, deltas, 0)
 
 
+def test_a_later_anthropic_usage_restating_the_input_without_its_cache_lowers_nothing() -> None:
+    text = {"type": "text", "text": "a streamed answer, " * 12}
+    events = anthropic_api.events(IDENTITY, [text], "end_turn", ANTHROPIC_TOKENS)
+    restated = [
+        event.replace(b'"usage":{"output_tokens":51}', b'"usage":{"input_tokens":505,"output_tokens":51}')
+        for event in events
+    ]
+    assert restated != events
+    meter = StreamMeter(strip=False)
+    for event in restated:
+        meter.feed(event)
+    assert meter.settlement(300, 0) == Usage(1, 545, 51, 0)
+
+
+def test_a_completed_event_too_long_to_hold_still_settles_with_its_usage() -> None:
+    """`response.completed` echoes the whole output: an image or a long answer takes it past what the
+    meter holds, and it is relayed piece by piece, its usage read from its end."""
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+    item["content"] = [{"type": "output_text", "text": "x" * 3_000_000, "annotations": []}]
+    events = responses_api.events(IDENTITY, {"model": "gpt-4o"}, [item], answers.Usage(262_000, 9_000))
+    stream = b"".join(events)
+    for strip in (False, True):
+        whole = StreamMeter(strip=strip)
+        expected = whole.feed(stream) + whole.flush()  # one piece: held and read as any event
+        meter = StreamMeter(strip=strip)
+        out = b"".join(meter.feed(stream[at : at + 65_536]) for at in range(0, len(stream), 65_536))
+        assert out + meter.flush() == expected  # relayed whole, nothing held back or repeated
+        assert meter.settlement(100, 0) == whole.settlement(100, 0) == Usage(1, 262_000, 9_000, 0)
+
+
 def test_a_responses_stream_settles_with_the_usage_of_its_completed_event() -> None:
     item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
     item["content"] = [{"type": "output_text", "text": "a streamed answer, " * 12, "annotations": []}]
