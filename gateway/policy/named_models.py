@@ -30,7 +30,8 @@ _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
 def models_named(body: bytes, content_type: str) -> list[str]:
-    """Every ``model`` the body names (none for a body without one, such as a file upload)."""
+    """Every ``model`` the body names (none for a body without one, such as a file upload; ""
+    for a stored prompt's, which the body does not name)."""
     media = content_type.partition(";")[0].strip().lower()
     if media in _FORMS:
         return _form_models(body, content_type, media)
@@ -43,7 +44,10 @@ def models_named(body: bytes, content_type: str) -> list[str]:
             raise GatewayError(400, "The request body is not valid JSON.") from None
         return []  # neither JSON nor a form: raw bytes, which name no model
     refuse_duplicate_keys(body)
-    return _models_in(payload, "model")
+    models = _models_in(payload, "model")
+    if isinstance(payload, dict) and payload.get("model") is None and isinstance(payload.get("prompt"), dict):
+        models.append("")  # a stored prompt (Responses) names its own model, which cannot be checked
+    return models
 
 
 def refuse_duplicate_keys(body: bytes) -> None:

@@ -404,6 +404,13 @@ def test_a_team_limited_to_some_models_must_name_the_model(
         named = client.responses.create(model=MODEL, prompt={"id": "pmpt_abc"}, input="hi")
         assert named.status == "completed"
     assert [r.json.get("model") for r in fake_upstream.requests_to("/v1/responses")] == [MODEL]
+    # The same on the routes relayed as they are (input_tokens, compact …).
+    headers = {"authorization": "Bearer sk-team-research"}
+    stored: Any = {"prompt": {"id": "pmpt_abc"}, "input": "hi"}
+    for path in ("/responses/input_tokens", "/responses/compact"):
+        refused_too = httpx.post(url + path, headers=headers, json=stored)
+        assert refused_too.status_code == 400 and refused_too.json()["error"]["param"] == "model"
+        assert not fake_upstream.requests_to("/v1" + path)
 
 
 def test_an_input_the_gateway_cannot_fit_is_still_counted_whole_and_held_to_a_team_cap(
