@@ -161,6 +161,8 @@ class Policy:
         try:
             async with asyncio.timeout(self.settings.store_timeout):
                 await backend.settle(team.name, admission.limits, admission.day, delta, model, usage)
+            if backend is self._redis:
+                self._breaker.succeeded()
         except STORE_ERRORS as exc:
             # The reservation stays charged (over-counts, never under): the safe side.
             metrics.POLICY_STORE_FAILURES.inc()

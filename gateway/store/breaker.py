@@ -1,7 +1,8 @@
 """A circuit breaker for calls to Redis: after a few failures in a row, leave it alone a while.
 
 Closed, calls go through; open, they are skipped until the cooldown ends, then one is tried
-again (half-open: one more failure opens it again). Not opening on the first failure matters:
+again (half-open: the others keep being skipped until it succeeds, and one more failure opens
+it again). Not opening on the first failure matters:
 on a saturated machine one call can miss its bound because the event loop was late, not Redis;
 opening then would hand the whole cooldown to the fallback (for team limits, memory, whose state
 starts afresh: bench/budgets.py measured 2x the budget admitted that way, before replicas took
@@ -32,10 +33,16 @@ class CircuitBreaker:
         self._last_log = -FAILURE_LOG_INTERVAL
 
     def allows(self) -> bool:
-        return time.monotonic() >= self._open_until
+        now = time.monotonic()
+        if now < self._open_until:
+            return False
+        if self._open_until:  # half-open: this caller is the one try; the others wait for it
+            self._open_until = now + self.cooldown
+        return True
 
     def succeeded(self) -> None:
         self._failures = 0
+        self._open_until = 0.0
 
     def failed(self, exc: BaseException, fallback: str) -> None:
         """Count a failure; `fallback`: what the callers do meanwhile, for the warning."""

@@ -29,10 +29,12 @@ DEFAULT_MAX_ENTRIES = 50_000  # ~150 bytes each: ~8 MB when full
 CacheKey = tuple[bytes, int, int]
 
 
-def message_key(namespace: bytes, message: Mapping[str, Any]) -> CacheKey | None:
-    """(profile, byte length, hash) of the message's canonical JSON; the length also sizes the work."""
+def message_key(namespace: bytes, message: Mapping[str, Any], *, keep_order: bool = False) -> CacheKey | None:
+    """(profile, byte length, hash) of the message's canonical JSON; the length also sizes the work.
+    `keep_order`: keys in the order given, for what is counted as JSON text (a tool's or a
+    schema's definition: its keys in another order are other tokens)."""
     try:
-        canonical = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+        canonical = orjson.dumps(message, option=None if keep_order else orjson.OPT_SORT_KEYS)
     except TypeError:
         return None
     return (namespace, len(canonical), hash(canonical))

@@ -232,7 +232,7 @@ class TokenCounter:
         """`count()`, kept in the count cache under `value`'s key. Under load the tokenizer's tables
         have left the CPU caches by the time a request is counted, so even a short schema costs
         tens of microseconds to tokenize again, against one hash of its JSON here."""
-        key = message_key(namespace, value)
+        key = message_key(namespace, value, keep_order=True)
         cached = None if key is None else self._cache.get(key)
         if cached is not None:
             return cached

@@ -96,7 +96,8 @@ def _item(item: Any, where: str) -> None:
     kind = item_type(item)
     if not isinstance(kind, str):
         raise invalid_type(f"{where}.type", kind, "a string")
-    if kind == "message" and "content" not in item and "tools" in item:  # tools a developer adds here
+    if kind == "message" and item.get("role") == "developer" and "content" not in item and "tools" in item:
+        # Tools a developer adds at this point of the input.
         check_object_array(item, "tools", where=f"{where}.tools")
         return
     if kind == "message":

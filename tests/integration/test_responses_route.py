@@ -372,6 +372,12 @@ def test_shapes_the_sdk_allows_reach_the_upstream_as_sent(
     answer = sdk.responses.create(model=MODEL, input=items)
     assert answer.status == "completed"
     assert fake_upstream.requests_to("/v1/responses")[-1].json["input"] == items
+    # Only a developer adds tools that way: anyone else's item without content is the gateway's 400.
+    sent = len(fake_upstream.requests_to("/v1/responses"))
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.create(model=MODEL, input=[{"role": "user", "tools": [TOOL]}])  # type: ignore[list-item]
+    assert refused.value.param == "input[0].content"
+    assert len(fake_upstream.requests_to("/v1/responses")) == sent
 
 
 def test_a_stored_prompt_without_a_model_is_forwarded_uncompressed(

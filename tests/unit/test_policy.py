@@ -380,8 +380,13 @@ def test_breaker_opens_after_failures_in_a_row_and_retries_after_the_cooldown() 
 
     time.sleep(0.06)
     assert breaker.allows()  # half-open: one try, and one more failure opens it again
+    assert not breaker.allows()  # the others wait for that try
     breaker.failed(ConnectionError(), "memory")
     assert not breaker.allows()
+    time.sleep(0.06)
+    assert breaker.allows()
+    breaker.succeeded()  # closed again: everyone through
+    assert breaker.allows() and breaker.allows()
 
 
 def test_keys_commands(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -506,6 +506,13 @@ def test_a_repeated_schema_is_counted_from_the_cache_and_a_changed_one_anew() ->
     other = {**schema, "schema": {"type": "object", "properties": {"town": {"type": "string"}}}}
     changed = {**body, "response_format": {"type": "json_schema", "json_schema": other}}
     assert counter.request(changed) == TokenCounter("gpt-4o", cache=CountCache()).request(changed)
+    # The same keys in another order are other JSON text, so other tokens: not the cached count.
+    properties = {"zeta_ok": {"type": "string"}, "a": {"type": "integer", "description": "x1 2b"}, "1": {}}
+    for order in (list(properties), list(reversed(properties))):
+        ordered = {key: properties[key] for key in order}
+        reordered = {"name": "s", "schema": {"type": "object", "properties": ordered}}
+        swapped = {**body, "response_format": {"type": "json_schema", "json_schema": reordered}}
+        assert counter.request(swapped) == TokenCounter("gpt-4o", cache=CountCache()).request(swapped)
     longer = {**schema, "description": "The capital city, as its people spell it."}
     assert (
         counter.request({**body, "response_format": {"type": "json_schema", "json_schema": longer}}) > first
