@@ -18,6 +18,7 @@ from gateway.overflow import detect_silent_truncation
 from gateway.policy.enforcer import Policy, Team
 from gateway.settings import Settings
 from gateway.store import Store, open_store
+from gateway.store.redis import StoreSkipped
 from gateway.summarize import Summarizer
 from gateway.summarize.ahead import SummariesAhead
 from gateway.tokens import discovery
@@ -156,7 +157,8 @@ class Runtime:
             await self.calibration.load(self.store, model)
         except Exception as exc:  # a store outage must not fail requests
             metrics.STORE_ERRORS.labels("read").inc()
-            log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
+            if not isinstance(exc, StoreSkipped):
+                log.warning("could not read learned state for %s: %s", model, type(exc).__name__)
 
     async def discover(self, model: str, headers: list[tuple[str, str]]) -> None:
         """At a model's first sight in this process: the window another replica discovered, else
@@ -194,7 +196,8 @@ class Runtime:
         try:
             stored = await self.store.get(discovery.store_key(model))
         except Exception as exc:
-            log.warning("could not read the discovered window for %.100r: %s", model, type(exc).__name__)
+            if not isinstance(exc, StoreSkipped):
+                log.warning("could not read the discovered window for %.100r: %s", model, type(exc).__name__)
             stored = None
         if stored is not None:
             found, known = discovery.decode(stored), True
@@ -283,6 +286,7 @@ class Runtime:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if not task.cancelled() and (failure := task.exception()) is not None:
             metrics.STORE_ERRORS.labels("write").inc()
-            log.warning("background store write failed: %s", type(task.exception()).__name__)
+            if not isinstance(failure, StoreSkipped):
+                log.warning("background store write failed: %s", type(failure).__name__)

@@ -21,6 +21,10 @@ STORE_ERRORS = (RedisError, OSError, TimeoutError)
 T = TypeVar("T")
 
 
+class StoreSkipped(RedisConnectionError):
+    """A call not made: the breaker is open (it has logged why, once a minute at most)."""
+
+
 def bounded_client(url: str, timeout: float, **options: Any) -> redis_asyncio.Redis:
     """A client whose every call, waiting for a connection included, is bounded by `timeout`."""
     pool = redis_asyncio.BlockingConnectionPool.from_url(
@@ -47,7 +51,7 @@ class RedisStore:
 
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
         if not self._breaker.allows():
-            raise RedisConnectionError("skipped: the store failed just now")
+            raise StoreSkipped("skipped: the store failed just now")
         try:
             result = await call()
         except STORE_ERRORS as exc:

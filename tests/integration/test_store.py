@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -161,7 +162,7 @@ async def test_concurrent_first_requests_all_wait_for_the_one_store_read() -> No
     assert await asyncio.gather(*(first_request() for _ in range(6))) == [5000] * 6
 
 
-async def test_a_silent_redis_costs_a_few_bounded_waits_then_none() -> None:
+async def test_a_silent_redis_costs_a_few_bounded_waits_then_none(caplog: pytest.LogCaptureFixture) -> None:
     """Redis accepting connections and never answering (a stall, a black-holed route): each read
     fails at the store's bound, and once the breaker opens reads fail at once, reaching nothing."""
     accepted: list[asyncio.StreamWriter] = []
@@ -183,6 +184,14 @@ async def test_a_silent_redis_costs_a_few_bounded_waits_then_none() -> None:
             with pytest.raises(STORE_ERRORS):
                 await store.get("window:gpt-4o")
         assert len(accepted) == reached  # the breaker is open: no more waits
+        # Requests for many models meanwhile go on with what this replica knows, and the log
+        # says so once (the breaker's line), not once per model.
+        runtime = Runtime.create(load_settings(None, {}))
+        runtime.store = store
+        with caplog.at_level(logging.WARNING):
+            for model in range(30):
+                await runtime.load_learned(f"model-{model}")
+        assert not [record for record in caplog.records if "could not read" in record.getMessage()]
     finally:
         await store.close()
         for writer in accepted:
