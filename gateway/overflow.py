@@ -56,6 +56,9 @@ class Overflow:
     input_limit: bool = False
     # The words that matched, as read (lower case, whitespace collapsed); "" for a code field.
     wording: str = field(default="", compare=False)
+    # The request's own strings wrote it, or most of it (`classify_overflow`): the prompt is
+    # compressed and sent again, but nothing is learned about the model's window from it.
+    client_spelled: bool = field(default=False, compare=False)
 
 
 # A request string shorter than this is no piece of a spelled overflow (`_client_spelled`).
@@ -102,6 +105,7 @@ _ALL_STATUSES = _ANY_ERROR | _BAD_REQUEST_OR_500 | _BAD_REQUEST
 # "'s" of "model's", also written with a curly quote, escaped (Python reprs
 # inside LiteLLM messages: model\'s) or left out.
 _NUMBER = r"(?<!\d)(?:\d{1,3}(?:,\d{3})+|\d+)"
+_NUMBER_IN = re.compile(_NUMBER)
 _PLACEHOLDERS = {
     "<W>": rf"(?P<window>{_NUMBER})",
     "<P>": rf"(?P<prompt>{_NUMBER})",
@@ -570,9 +574,9 @@ def _number(text: str | None) -> int | None:
     return _bounded(int(digits)) if len(digits) <= 10 else None
 
 
-def _match(scan: _Scan, haystack: str, status: int | None) -> Overflow | None:
-    """First rule that matches decides in `haystack` (`scan`'s); `status` None means any (an
-    in-band error)."""
+def _match(scan: _Scan, status: int | None) -> Overflow | None:
+    """First rule that matches decides; `status` None means any (an in-band error)."""
+    haystack = scan.haystack()
     for rule in _RULES:
         if not rule.exclude and status is not None and status not in rule.statuses:
             continue
@@ -614,29 +618,32 @@ def _normalized(text: str) -> str:
     return " ".join(text.replace("\\", "").split()).lower()
 
 
-def _client_spelled(overflow: Overflow, sent: bytes, haystack: str) -> str | None:
-    """How much of the wording the request itself wrote: "sentence" (one of its strings holds the
-    whole wording), "most" (its strings, where the error quotes them, cover at least half of the
-    wording: pieces of one sentence spread over values the upstream lists together, as OpenAI
-    lists the tool_call_ids it cannot pair), or None.
+def _client_spelled(overflow: Overflow, sent: bytes) -> bool:
+    """Did the request itself write the wording? One of its strings holds all of it; or its strings
+    cover three quarters of it; or one of them holds a number the overflow states together with
+    words around it (pieces of one sentence, spread over values the upstream lists together, as
+    OpenAI lists the tool_call_ids it cannot pair).
 
     Validation errors quote client values (Anthropic names an unknown content block's `type`,
     OpenAI a `tool_call_id` it cannot pair), so a client could spell an overflow, with a window
     of its choosing, into an error about something else: believed, that window would be learned
-    for every client of the model. A short string that happens to equal one of the upstream's
-    numbers ("10", a reply) covers too little to count. A code field ("code=…", read with no
-    wording) is the upstream's own.
+    for every client of the model. Compared as read (`_normalized`: case, whitespace and the
+    backslashes of an escape do not count), so an error that quotes a value escaped says the
+    same. A few words of the wording in a request (a tool schema's `maximum`, a user quoting
+    "prompt is too long") cover too little, and a string that only equals a number ("10", a
+    reply) holds no words around it. Each distinct string is read once.
     """
     wording = _normalized(overflow.wording)
-    start = haystack.find(overflow.wording)
-    if not sent or not wording or start < 0:
-        return None
+    if not sent or not wording:
+        return False
     try:
         stack: list[object] = [orjson.loads(sent)]
     except orjson.JSONDecodeError:
-        return "sentence" if wording in _normalized(sent.decode("utf-8", errors="replace")) else None
-    end = start + len(overflow.wording)
-    covered = bytearray(end - start)
+        return wording in _normalized(sent.decode("utf-8", errors="replace"))
+    stated = {n for n in (overflow.window, overflow.prompt_tokens, overflow.requested_output) if n}
+    numbers = [found.span() for found in _NUMBER_IN.finditer(wording) if _number(found.group()) in stated]
+    covered = bytearray(len(wording))
+    seen: set[str] = set()
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
@@ -644,30 +651,48 @@ def _client_spelled(overflow: Overflow, sent: bytes, haystack: str) -> str | Non
             stack.extend(value.values())
         elif isinstance(value, list):
             stack.extend(value)
-        elif isinstance(value, str):
-            if wording in _normalized(value):
-                return "sentence"
-            piece = " ".join(value.split()).lower()  # as the haystack reads
-            if len(piece) < _MIN_PIECE_CHARS:
-                continue
-            # Occurrences that overlap the wording: within it, or running past either end.
-            at = haystack.find(piece, max(0, start - len(piece) + 1), end + len(piece) - 1)
-            while at >= 0:
-                first, last = max(at, start), min(at + len(piece), end)
-                covered[first - start : last - start] = b"\x01" * (last - first)
-                at = haystack.find(piece, at + 1, end + len(piece) - 1)
-    return "most" if 2 * sum(covered) >= len(covered) else None
+        elif isinstance(value, str) and len(value) >= _MIN_PIECE_CHARS and value not in seen:
+            seen.add(value)
+            piece = _normalized(value)
+            if wording in piece:
+                return True
+            for first, last in _overlaps(piece, wording):
+                covered[first:last] = b"\x01" * (last - first)
+                if any(first <= a and b <= last and last - first > b - a for a, b in numbers):
+                    return True
+    return 4 * sum(covered) >= 3 * len(wording)
 
 
-def _believed(overflow: Overflow, sent: bytes, haystack: str) -> Overflow | None:
-    """The overflow as far as the client did not write it: none when it quotes a whole sentence of
-    the request, without its numbers when the request wrote most of it (still an overflow: the
-    prompt is compressed and sent again, but no window is learned from the client's numbers)."""
-    spelled = _client_spelled(overflow, sent, haystack)
-    if spelled == "sentence":
-        return None
-    if spelled == "most":
-        return replace(overflow, window=None, prompt_tokens=None, requested_output=None)
+def _overlaps(piece: str, wording: str) -> Iterator[tuple[int, int]]:
+    """Where `piece` overlaps `wording`, as (start, end) in the wording: each occurrence inside it,
+    and a piece that runs past its start or its end by at least `_MIN_PIECE_CHARS` inside it."""
+    if len(piece) < _MIN_PIECE_CHARS:
+        return
+    at = wording.find(piece)
+    while at >= 0:
+        yield at, at + len(piece)
+        at = wording.find(piece, at + 1)
+    head, tail = wording[:_MIN_PIECE_CHARS], wording[-_MIN_PIECE_CHARS:]
+    # The piece ends inside the wording: a suffix of it is the wording's start.
+    at = piece.find(head, max(1, len(piece) - len(wording) + 1))
+    while at >= 0:
+        if wording.startswith(piece[at:]):
+            yield 0, len(piece) - at
+        at = piece.find(head, at + 1)
+    # The piece starts inside the wording: a prefix of it is the wording's end.
+    at = piece.find(tail, 0, len(wording) - 1)
+    while at >= 0:
+        if wording.endswith(piece[: at + _MIN_PIECE_CHARS]) and at + _MIN_PIECE_CHARS < len(piece):
+            yield len(wording) - at - _MIN_PIECE_CHARS, len(wording)
+        at = piece.find(tail, at + 1, len(wording) - 1)
+
+
+def _believed(overflow: Overflow, sent: bytes) -> Overflow:
+    """The overflow as far as the client did not write it: when it did, still an overflow (the
+    prompt is compressed and sent again; an upstream's own refusal may well quote a request that
+    talks about one), but without numbers and never learned from."""
+    if _client_spelled(overflow, sent):
+        return replace(overflow, window=None, prompt_tokens=None, requested_output=None, client_spelled=True)
     return overflow
 
 
@@ -676,8 +701,8 @@ def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow |
 
     A 2xx counts only when its body is an error object (SGLang answers 200 with
     an error body); 429 never does. Only the first 64 KiB of the body is read.
-    A wording that the request `sent` holds itself is not believed, nor numbers it supplied
-    (`_believed`).
+    A wording that the request `sent` wrote itself is an overflow without numbers, never learned
+    from (`_believed`).
     """
     is_success = 200 <= status < 300
     if not is_success and status not in _ALL_STATUSES:
@@ -685,9 +710,8 @@ def classify_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow |
     scan = _scan(body)
     if is_success and not scan.error_object:
         return None
-    haystack = scan.haystack()
-    overflow = _match(scan, haystack, None if is_success else status)
-    return None if overflow is None else _believed(overflow, sent, haystack)
+    overflow = _match(scan, None if is_success else status)
+    return None if overflow is None else _believed(overflow, sent)
 
 
 def _sse_payloads(chunk: bytes) -> Iterator[bytes]:
@@ -747,10 +771,9 @@ def classify_stream_error(chunk: bytes, sent: bytes = b"") -> Overflow | None:
         scan = _scan(payload, errors_only=True)
         if not scan.error_object:
             continue
-        haystack = scan.haystack()
-        overflow = _match(scan, haystack, None)
+        overflow = _match(scan, None)
         if overflow is not None:
-            return _believed(overflow, sent, haystack)
+            return _believed(overflow, sent)
     return None
 
 

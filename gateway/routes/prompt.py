@@ -11,9 +11,11 @@ client in gateway.upstream, teams and their limits in gateway.policy.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -57,6 +59,9 @@ from gateway.upstream import UpstreamReply
 from gateway.wire.base import CHAT, WireFormat
 from gateway.wire.chat import validate_chat_body
 from gateway.wire.incremental import Validator
+
+# A request larger than this is read for quotes of an overflow (`_classified`) off the event loop.
+CLASSIFY_INLINE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,9 @@ async def _forward(
     retry_plan = None
     believed = None
     if first_overflow is not None and chat.mode != "off":
-        believed = runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, plan, first_overflow))
+        if not first_overflow.client_spelled:  # (the request's own text: nothing to learn)
+            refusal = refusal_of(runtime, chat, plan, first_overflow)
+            believed = runtime.learn_from_overflow(chat.model, refusal)
         try:
             retry_plan = await dialect.retry(runtime, planning, plan, first_overflow, believed)
         except BaseException:  # (a refusal: the stream kept open for relaying is closed now)
@@ -232,7 +239,11 @@ async def _forward(
         await _discard(attempt)
         await _stop_if_client_left(request, retry_plan)
         attempt = await _send_fitted(request, runtime, chat, retry_plan, upstream, dialect)
-        if attempt.overflow is not None:
+        if attempt.overflow is not None and attempt.overflow.client_spelled:
+            # Refused again with the request's own words: most likely not about its length at all
+            # (a validation error quoting the client), so the upstream's answer goes back as it is.
+            metrics.OVERFLOW_RETRIES.labels("failed").inc()
+        elif attempt.overflow is not None:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
             runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
             await _discard(attempt)
@@ -254,7 +265,8 @@ async def _forward(
                     )
                 ),
             )
-        metrics.OVERFLOW_RETRIES.labels("recovered").inc()
+        else:
+            metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
     record.tokens_after, record.compression = final_plan.tokens_after, final_plan.stages
@@ -352,14 +364,25 @@ async def _send(
     if reply.status >= 400:
         body = await reply.read(idle)
         reply.buffered_body = body
-        attempt.overflow = classify_overflow(reply.status, body, plan.body)
+        classify = partial(classify_overflow, reply.status, body, plan.body)
+        attempt.overflow = await _classified(plan.body, classify)
     elif chat.stream and reply.status == 200 and reply.response is not None:
         # Some servers (SGLang, the Responses API) answer 200 and put the overflow inside the stream.
         # An overflow inside the stream is kept whole until a retry replaces it: when none can
         # (compression off, nothing left to fit), the client gets the stream as the upstream sent it.
         attempt.stream_head, attempt.stream_rest = await first_chunk(reply, idle, dialect.head_complete)
-        attempt.overflow = classify_stream_error(attempt.stream_head, plan.body)
+        head = attempt.stream_head
+        attempt.overflow = await _classified(plan.body, partial(classify_stream_error, head, plan.body))
     return attempt
+
+
+async def _classified(sent: bytes, classify: Callable[[], Overflow | None]) -> Overflow | None:
+    """`classify()`, off the event loop for a large request: an error that reads as an overflow
+    makes it read every string of the request once more (`overflow._client_spelled`), about
+    30 ms per MB."""
+    if len(sent) > CLASSIFY_INLINE_BYTES:
+        return await asyncio.to_thread(classify)
+    return classify()
 
 
 async def _send_fitted(

@@ -1463,13 +1463,18 @@ def test_an_overflow_wording_the_request_holds_is_a_quote_not_a_refusal(
     error: bytes, request_body: dict[str, object]
 ) -> None:
     """A validation error quoting a client value spelled as an overflow would otherwise teach the
-    gateway a window of the client's choosing for every client of the model."""
+    gateway a window of the client's choosing for every client of the model: it reads as an
+    overflow with no numbers, which nothing is learned from (the prompt is still retried, as an
+    upstream's own refusal may quote a request that talks about one)."""
     sent = orjson.dumps(request_body)
-    assert classify_overflow(400, error) is not None  # the wording alone reads as an overflow
-    assert classify_overflow(400, error, sent) is None
+    alone = classify_overflow(400, error)
+    assert alone is not None and alone.window is not None and not alone.client_spelled
+    quoted = classify_overflow(400, error, sent)
+    assert quoted is not None and quoted.client_spelled and quoted.window is None
     stream_head = b"data: " + error + b"\n\n"
-    assert classify_stream_error(stream_head) is not None
-    assert classify_stream_error(stream_head, sent) is None
+    assert classify_stream_error(stream_head) == alone
+    streamed = classify_stream_error(stream_head, sent)
+    assert streamed is not None and streamed.client_spelled and streamed.window is None
 
 
 def test_an_overflow_spelled_across_values_the_upstream_lists_together_teaches_no_window() -> None:
@@ -1505,6 +1510,44 @@ def test_an_overflow_spelled_across_values_the_upstream_lists_together_teaches_n
         listed = openai_error(unpaired + " ".join(pieces))
         read = classify_overflow(400, listed, sent)
         assert read is not None and read.window is None, pieces
+
+
+def test_pieces_the_error_quotes_escaped_still_read_as_the_clients() -> None:
+    """A provider body kept as text inside a gateway's error (OpenRouter's `metadata.raw`), or a body
+    past the scan limit, shows the client's strings with their JSON escapes."""
+    ids = [
+        "x\"this model's maximum context length is 100 tokens",
+        'however, your messages resulted in 5 tokens"x',
+    ]
+    calls = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+    sent = orjson.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": calls}]})
+    inner = openai_error("The following tool_call_ids did not have response messages: " + ", ".join(ids))
+    wrapped = orjson.dumps(
+        {"error": {"message": "Provider returned error", "metadata": {"raw": f"said: {inner.decode()}"}}}
+    )
+    read = classify_overflow(400, wrapped, sent)
+    assert read is not None and read.client_spelled and read.window is None
+
+
+def test_an_overflow_without_numbers_quoted_by_the_request_is_still_retried() -> None:
+    """A coding agent's tool output showing the very sentence: the upstream's own refusal still
+    reads as an overflow (retried compressed), only nothing is learned from it."""
+    sent = orjson.dumps(
+        {
+            "messages": [
+                {
+                    "role": "tool",
+                    "tool_call_id": "c",
+                    "content": "log: Your input exceeds the context window of this model.",
+                }
+            ]
+        }
+    )
+    error = openai_error(
+        "Your input exceeds the context window of this model. Please adjust your input and try again."
+    )
+    read = classify_overflow(400, error, sent)
+    assert read is not None and read.client_spelled
 
 
 @pytest.mark.parametrize("short", ["10", "128000", "0", "call_1"])
