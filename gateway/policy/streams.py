@@ -30,6 +30,9 @@ _NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*n
 MAX_PENDING_BYTES = 1024 * 1024
 # Of such an event, the last bytes kept to read its usage from (`StreamMeter._note_usage_in_tail`).
 LONG_EVENT_TAIL = 64 * 1024
+# Bytes of such an event held back from each piece: the blank line ending it may be split.
+SEPARATOR_SPLIT = 3
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def ask_for_usage(payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -74,15 +77,17 @@ class StreamMeter:
         out = []
         if self._long_tail is not None:  # inside an event too long to hold: relayed as it comes
             if not separators:
-                out.append(self._pending)
-                self._long_tail, self._pending = (self._long_tail + self._pending)[-LONG_EVENT_TAIL:], b""
+                # All but the last bytes, which may begin the blank line that ends the event.
+                relayed, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
+                out.append(relayed)
+                self._long_tail = (self._long_tail + relayed)[-LONG_EVENT_TAIL:]
                 return b"".join(out) if self.strip else chunk
             end = events.pop(0)
             out.append(end + separators.pop(0))
             self._note_usage_in_tail(self._long_tail + end)
             self._long_tail = None
-        if len(self._pending) > MAX_PENDING_BYTES:
-            out_of_events, self._pending = self._pending, b""
+        if len(self._pending) > MAX_PENDING_BYTES:  # relayed from here on, held back as above
+            out_of_events, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
             self._long_tail = out_of_events[-LONG_EVENT_TAIL:]
         else:
             out_of_events = b""
@@ -96,19 +101,23 @@ class StreamMeter:
     def _note_usage_in_tail(self, tail: bytes) -> None:
         """The usage of an event too long to hold, read from its end: the Responses API's
         `response.completed` echoes the whole output (images, files) before its usage."""
-        at = tail.rfind(b'"usage"')
-        colon = tail.find(b":", at)
-        if at < 0 or colon < 0:
-            return
-        try:
-            usage, _ = json.JSONDecoder().raw_decode(tail[colon + 1 :].decode("utf-8", "replace").lstrip())
-        except ValueError:
-            return
-        if isinstance(usage, dict):
-            self._note(usage)
+        # The last `"usage": {`: only strings (`user`, `metadata`) follow the usage in the event,
+        # and inside a string its quotes would be escaped.
+        for found in reversed(list(_USAGE_OBJECT.finditer(tail))):
+            try:
+                usage, _ = json.JSONDecoder().raw_decode(tail[found.end() - 1 :].decode("utf-8", "replace"))
+            except ValueError:
+                continue
+            if isinstance(usage, dict):
+                self._note(usage)
+                return
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""
+        if self._long_tail is not None:  # the stream ended inside an event too long to hold
+            self._note_usage_in_tail(self._long_tail + rest)
+            self._long_tail = None
+            return rest if self.strip else b""
         if not rest:
             return b""
         kept = self._event(rest)

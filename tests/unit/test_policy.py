@@ -329,6 +329,21 @@ def test_a_completed_event_too_long_to_hold_still_settles_with_its_usage() -> No
         out = b"".join(meter.feed(stream[at : at + 65_536]) for at in range(0, len(stream), 65_536))
         assert out + meter.flush() == expected  # relayed whole, nothing held back or repeated
         assert meter.settlement(100, 0) == whole.settlement(100, 0) == Usage(1, 262_000, 9_000, 0)
+    # The blank line ending it split over two pieces, or never sent: still read.
+    end = stream.rindex(b"\n\n")
+    for pieces in ([stream[: end + 1], stream[end + 1 :]], [stream[:end]]):
+        meter = StreamMeter(strip=False)
+        for piece in pieces:
+            meter.feed(piece)
+        meter.flush()
+        assert meter.settlement(100, 0) == Usage(1, 262_000, 9_000, 0)
+    # A client's metadata or `user` naming "usage" (echoed after the usage) hides nothing.
+    body = {"model": "gpt-4o", "user": "usage", "metadata": {"usage": "x"}}
+    echoed = b"".join(responses_api.events(IDENTITY, body, [item], answers.Usage(262_000, 9_000)))
+    meter = StreamMeter(strip=False)
+    for at in range(0, len(echoed), 65_536):
+        meter.feed(echoed[at : at + 65_536])
+    assert meter.settlement(100, 0) == Usage(1, 262_000, 9_000, 0)
 
 
 def test_a_responses_stream_settles_with_the_usage_of_its_completed_event() -> None:
