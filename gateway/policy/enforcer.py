@@ -101,7 +101,7 @@ class Policy:
             # Nothing to check: no round trip; the settlement still records usage.
             metrics.TEAM_REQUESTS.labels(team.name, "admitted").inc()
             day = int(time.time() // DAY_SECONDS)
-            backend = self._redis if self._redis is not None else self._memory
+            backend = self._redis if self._redis is not None and self._breaker.allows() else self._memory
             return Admission(team, cost, day, backend, limits)
         decision, backend, applied = await self._call_admit(team, cost, requests_only=tokens is None)
         headers = answers.rate_limit_headers(applied, decision)

@@ -44,10 +44,7 @@ def models_named(body: bytes, content_type: str) -> list[str]:
             raise GatewayError(400, "The request body is not valid JSON.") from None
         return []  # neither JSON nor a form: raw bytes, which name no model
     refuse_duplicate_keys(body)
-    models = _models_in(payload, "model")
-    if isinstance(payload, dict) and payload.get("model") is None and isinstance(payload.get("prompt"), dict):
-        models.append("")  # a stored prompt (Responses) names its own model, which cannot be checked
-    return models
+    return _named(payload, "model")
 
 
 def refuse_duplicate_keys(body: bytes) -> None:
@@ -123,7 +120,16 @@ def batch_line_models(line: bytes, number: int, *, param: str) -> list[str]:
         raise GatewayError(400, f"Line {number} of the batch file is not valid JSON.", param=param) from None
     refuse_duplicate_keys(line)
     body = request.get("body") if isinstance(request, dict) else None
-    return _models_in(body, f"{param}: line {number}: body.model") if isinstance(body, dict) else []
+    return _named(body, f"{param}: line {number}: body.model") if isinstance(body, dict) else []
+
+
+def _named(payload: object, param: str) -> list[str]:
+    """`_models_in`, and "" for a stored prompt (Responses) that names no model: the model it
+    names itself cannot be checked."""
+    models = _models_in(payload, param)
+    if isinstance(payload, dict) and payload.get("model") is None and isinstance(payload.get("prompt"), dict):
+        models.append("")
+    return models
 
 
 def _form_models(body: bytes, content_type: str, media: str) -> list[str]:

@@ -6,7 +6,8 @@ import asyncio
 import time
 import uuid
 
-from gateway.policy.config import TeamLimits
+from gateway.policy.config import PolicySettings, TeamLimits, TeamSettings
+from gateway.policy.enforcer import Policy
 from gateway.policy.limits import MemoryLimits, RedisLimits, Usage
 
 LIMITS = TeamLimits(tokens_per_minute=60, tokens_per_day=150, requests_per_minute=6)
@@ -96,3 +97,38 @@ def test_a_burst_beyond_the_connection_pool_waits_for_redis_rather_than_failing(
     denied = asyncio.run(burst())
     admitted = denied.count(None)
     assert 20 <= admitted <= 21  # the budget and the second's refill, not a fallback's fresh one
+
+
+def test_a_team_without_limits_settles_in_memory_while_the_breaker_is_open() -> None:
+    """Such a team's answers are only recorded: with Redis known to be down, no settlement waits
+    on it (each used to wait its full bound, and pushed the cooldown out again)."""
+
+    async def run() -> tuple[bool, int]:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)  # a stalled Redis: never answers
+
+        server = await asyncio.start_server(hold, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        settings = PolicySettings(store_timeout=0.2, breaker_cooldown=30.0)
+        policy = Policy(
+            {"free": TeamSettings(keys=("sha256:" + "0" * 64,))}, settings, f"redis://127.0.0.1:{port}/0"
+        )
+        team = policy.teams["free"]
+        try:
+            for _ in range(3):  # three settlements fail: the breaker opens
+                await policy.settle(await policy.admit(team, 10), "gpt-4o", Usage(1, 10, 1, 0))
+            reached = len(accepted)
+            started = time.monotonic()
+            for _ in range(10):
+                await policy.settle(await policy.admit(team, 10), "gpt-4o", Usage(1, 10, 1, 0))
+            return len(accepted) == reached, round(time.monotonic() - started)
+        finally:
+            await policy.close()
+            for writer in accepted:
+                writer.close()
+            server.close()
+
+    untouched, seconds = asyncio.run(run())
+    assert untouched and seconds == 0

@@ -691,6 +691,11 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
         url + "/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", batch_file)}, headers=auth
     )
     assert uploaded.status_code == 404 and forbidden in uploaded.json()["error"]["message"]
+    # A stored prompt names its own model, which the team's list cannot judge: the line must name one.
+    stored = {"custom_id": "p", "method": "POST", "url": "/v1/responses", "body": {"prompt": {"id": "p1"}}}
+    upload = {"file": ("p.jsonl", json.dumps(stored))}
+    unnamed = httpx.post(url + "/files", data={"purpose": "batch"}, files=upload, headers=auth)
+    assert unnamed.status_code == 400 and unnamed.json()["error"]["param"] == "model"
     params = {"model": forbidden, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     batched = httpx.post(
         url + "/messages/batches", json={"requests": [{"custom_id": "a", "params": params}]}, headers=auth
