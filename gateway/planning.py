@@ -114,7 +114,7 @@ async def plan_request(
         return plan
     tokens = await finish_count_async(counter, counted, lookup)
     if capped and budget is not None and tokens > budget and not chat.view.fittable:
-        raise _over_the_cap(chat, tokens, budget)
+        raise over_the_cap(chat, tokens, budget, "a tool output does not follow its call")
     if budget is None or (tokens <= budget and chat.mode != "aggressive") or not chat.view.fittable:
         plan = Plan(chat.raw, budget, tokens, tokens, capped=capped)
         _look_ahead(runtime, chat, plan, charge)
@@ -258,15 +258,15 @@ def _fitted_plan(
     return Plan(orjson.dumps(body), budget, tokens, result.tokens_after + fixed, tuple(result.stages), result)
 
 
-def _over_the_cap(chat: ChatRequest, tokens: int, cap: int) -> GatewayError:
-    """A prompt over its team's cap that the gateway cannot compress (items laid out so that a
-    pair could be split): the upstream would take it, the team's policy does not."""
+def over_the_cap(chat: ChatRequest, tokens: int, cap: int, why: str) -> GatewayError:
+    """A prompt over its team's cap that the gateway cannot compress (`why`: items laid out so that
+    a pair could be split, a history kept upstream): the upstream would take it, the team's
+    policy does not."""
     metrics.REFUSALS.inc()
     return GatewayError(
         400,
         f"This prompt has {tokens} tokens, over the {cap} your team's context cap allows, and the "
-        "gateway cannot compress it: a tool output does not follow its call. Send outputs right "
-        "after their calls, or a shorter prompt.",
+        f"gateway cannot compress it: {why}.",
         param=chat.wire.prompt_field,
         code="context_length_exceeded",
         headers={"x-gateway-prompt-tokens-before": str(tokens), "x-gateway-compression": "refused"},

@@ -23,7 +23,7 @@ import orjson
 from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.overflow import Overflow
-from gateway.planning import Plan
+from gateway.planning import Plan, over_the_cap
 from gateway.routes.chat import openai_upstream
 from gateway.routes.prompt import (
     Dialect,
@@ -83,15 +83,21 @@ async def _plan(runtime: Runtime, planning: Planning) -> Plan:
     # What the headers count is what the gateway sees: the new input, not the upstream's history,
     # nor a stored prompt's messages (nor which model it names, when the body names none).
     local = await count_request_async(counter_for(chat.model), chat.view.counted)
-    if not chat.model or not _truncating(runtime, chat):
+    truncating, cap = _truncating(runtime, chat), planning.cap
+    if not chat.model or not (truncating or cap is not None):
         return Plan(chat.raw, None, local, local, calibrate=False)
     await runtime.load_learned(chat.model)
     window = runtime.windows.resolve_window(chat.model).tokens
-    measured = await _measure(runtime, chat, upstream) if window is not None else None
+    # A team's cap is held by the upstream's own count of the whole input (its history included).
+    measured = await _measure(runtime, chat, upstream) if window is not None or cap is not None else None
     tokens = measured if measured is not None else local
+    if cap is not None and tokens > cap:
+        raise over_the_cap(chat, tokens, cap, "its history is kept by the upstream")
+    if not truncating:
+        return Plan(chat.raw, None, tokens, tokens, calibrate=False)
     budget = None if window is None else runtime.settings.budget.usable(window, chat.view.counted)
-    if planning.cap is not None and (budget is None or planning.cap < budget):
-        budget = planning.cap
+    if cap is not None and (budget is None or cap < budget):
+        budget = cap
     if budget is not None and tokens > budget:
         return _truncated_plan(chat, budget, tokens)
     return Plan(chat.raw, budget, tokens, tokens, calibrate=False)

@@ -450,3 +450,27 @@ def test_an_input_the_gateway_cannot_fit_is_still_counted_whole_and_held_to_a_te
         fitted = client.responses.with_raw_response.create(model=MODEL, input=paired)
         assert int(fitted.headers["x-gateway-prompt-tokens-after"]) <= 1_000
     assert len(fake_upstream.requests_to("/v1/responses")) == sent_before + 1  # the fitted one only
+
+
+def test_a_team_cap_holds_for_a_history_kept_upstream(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """A chain of `previous_response_id`s grows on the upstream, where the gateway cannot compress
+    it: measured whole with input_tokens, a request over the team's cap is refused, not sent."""
+    fake_upstream.window = None
+    teams = {"small": {"keys": [hash_key("sk-team-small")], "limits": {"max_context_tokens": 2_000}}}
+    url = windowed(start_gateway, 100_000, GATEWAY_TEAMS=orjson.dumps(teams).decode())
+    answered = 0
+    with openai.OpenAI(base_url=url, api_key="sk-team-small", max_retries=0) as client:
+        previous = client.responses.create(model=MODEL, input=log_line(0)).id
+        answered += 1
+        with pytest.raises(openai.BadRequestError) as refused:
+            for turn in range(1, 8):
+                chained = {"input": log_line(turn), "previous_response_id": previous}
+                reply = client.responses.create(model=MODEL, **chained)
+                previous, answered = reply.id, answered + 1
+    assert refused.value.code == "context_length_exceeded" and "team's context cap" in refused.value.message
+    assert 1 < answered < 8  # the chain grew past the cap after a few turns
+    measured = fake_upstream.requests_to("/v1/responses/input_tokens")
+    assert len(measured) == answered  # every chained request measured, the refused one included
+    assert len(fake_upstream.requests_to("/v1/responses")) == answered  # the refused one never sent
