@@ -231,7 +231,12 @@ async def _forward(
             believed = runtime.learn_from_overflow(chat.model, refusal)
         try:
             retry_plan = await dialect.retry(runtime, planning, plan, first_overflow, believed)
-        except BaseException:  # (a refusal: the stream kept open for relaying is closed now)
+        except GatewayError:
+            if not first_overflow.client_spelled:  # (a refusal: the stream kept open is closed now)
+                await _discard(attempt)
+                raise
+            # Most likely not about length at all: the upstream's answer goes back as it came.
+        except BaseException:
             await _discard(attempt)
             raise
     if first_overflow is not None and retry_plan is not None:
@@ -271,7 +276,8 @@ async def _forward(
     final_plan = attempt.plan
     record.tokens_after, record.compression = final_plan.tokens_after, final_plan.stages
     record.overflow_retry = retried
-    if attempt.reply.status == 200 and chat.mode != "off" and final_plan.calibrate:
+    refused = attempt.overflow is not None  # (relayed as the upstream sent it: a refusal, in a 200 stream)
+    if attempt.reply.status == 200 and chat.mode != "off" and final_plan.calibrate and not refused:
         runtime.learn_from_success(chat.model, demand(chat, final_plan))
     saved = max(0, plan.tokens_before - final_plan.tokens_after)
     reply_headers = attempt.reply.headers if admission is None else without_rate_limits(attempt.reply.headers)
@@ -301,7 +307,8 @@ async def _forward(
             settled = admission
 
             def settle() -> None:
-                usage = meter.settlement(final_plan.tokens_after, saved)
+                # A refusal in a stream settles at zero, as one with an error status does.
+                usage = Usage(requests=1) if refused else meter.settlement(final_plan.tokens_after, saved)
                 runtime.in_background(runtime.policy.settle(settled, chat.model, usage))
 
             stream = metered(stream, meter, on_end=settle)

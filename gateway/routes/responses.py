@@ -16,12 +16,14 @@ stream's opening events, so the head of a stream is read past them before anythi
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import orjson
 
 from gateway import metrics
 from gateway.chat_request import ChatRequest
+from gateway.errors import GatewayError
 from gateway.overflow import Overflow
 from gateway.planning import Plan, over_the_cap
 from gateway.routes.chat import openai_upstream
@@ -83,12 +85,15 @@ async def _plan(runtime: Runtime, planning: Planning) -> Plan:
     # What the headers count is what the gateway sees: the new input, not the upstream's history,
     # nor a stored prompt's messages (nor which model it names, when the body names none).
     local = await count_request_async(counter_for(chat.model), chat.view.counted)
-    truncating, cap = _truncating(runtime, chat), planning.cap
-    if not chat.model or not (truncating or cap is not None):
+    truncating, cap = bool(chat.model) and _truncating(runtime, chat), planning.cap
+    if not truncating and cap is None:
         return Plan(chat.raw, None, local, local, calibrate=False)
-    await runtime.load_learned(chat.model)
-    window = runtime.windows.resolve_window(chat.model).tokens
-    # A team's cap is held by the upstream's own count of the whole input (its history included).
+    window = None
+    if chat.model:
+        await runtime.load_learned(chat.model)
+        window = runtime.windows.resolve_window(chat.model).tokens
+    # A team's cap is held by the upstream's own count of the whole input (its history included;
+    # not a stored prompt's messages, which that count does not take).
     measured = await _measure(runtime, chat, upstream) if window is not None or cap is not None else None
     tokens = measured if measured is not None else local
     if cap is not None and tokens > cap:
@@ -104,17 +109,22 @@ async def _plan(runtime: Runtime, planning: Planning) -> Plan:
 
 
 async def _measure(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -> int | None:
-    """The upstream's own count of the whole input (server history included), if it offers one."""
+    """The upstream's own count of the whole input (server history included), if it offers one in
+    `windows.discovery_timeout` (a probe, like discovery: the request goes on without it)."""
     query = {name: chat.payload[name] for name in MEASURED_FIELDS if name in chat.payload}
     url = runtime.upstream.url_for("/v1/responses/input_tokens", upstream.url.query_string)
     headers = [(name, value) for name, value in upstream.headers if name.lower() != "content-length"]
-    reply = await runtime.upstream.send(
-        "POST", url, headers, orjson.dumps(query), gateway_credentials=upstream.gateway_credentials
-    )
     try:
-        body = await reply.read(runtime.settings.upstream.timeouts.idle)
-    finally:
-        reply.close()
+        async with asyncio.timeout(runtime.settings.windows.discovery_timeout):
+            reply = await runtime.upstream.send(
+                "POST", url, headers, orjson.dumps(query), gateway_credentials=upstream.gateway_credentials
+            )
+            try:
+                body = await reply.read(runtime.settings.upstream.timeouts.idle)
+            finally:
+                reply.close()
+    except (TimeoutError, GatewayError):
+        return None
     if reply.status != 200:
         return None
     try:

@@ -92,10 +92,11 @@ def _invalid(message: str, param: str | None, code: str | None = "invalid_value"
     return 400, message, param, code
 
 
-def validate(body: object, state: ResponsesState) -> Error | None:
+def validate(body: object, state: ResponsesState, *, model_required: bool = True) -> Error | None:
     if not isinstance(body, Mapping):
         return _invalid("The request body must be a JSON object.", None, None)
-    if not isinstance(body.get("model"), str) and not isinstance(body.get("prompt"), Mapping):
+    named = isinstance(body.get("model"), str) or isinstance(body.get("prompt"), Mapping)
+    if model_required and not named:
         return _invalid("Missing required parameter: 'model'.", "model", "missing_required_parameter")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):

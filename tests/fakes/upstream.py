@@ -252,10 +252,11 @@ def chat_completions(fake: FakeUpstream, call: Call) -> Reply:
     return json_reply(200, answers.chat_completion(identity, answer=answer, usage=usage))
 
 
-def _responses_refusal(fake: FakeUpstream, body: object) -> Reply | None:
+def _responses_refusal(fake: FakeUpstream, body: object, *, counting: bool = False) -> Reply | None:
+    """`counting`: for POST /v1/responses/input_tokens, whose `model` is optional."""
     if not isinstance(body, dict):
         return _error(400, errors.BAD_JSON)
-    invalid = responses_api.validate(body, fake.responses_state)
+    invalid = responses_api.validate(body, fake.responses_state, model_required=not counting)
     if invalid is None:
         return None
     status, message, param, code = invalid
@@ -311,7 +312,7 @@ def responses(fake: FakeUpstream, call: Call) -> Reply:
 
 def responses_input_tokens(fake: FakeUpstream, call: Call) -> Reply:
     body = call.json
-    refused = _responses_refusal(fake, body)
+    refused = _responses_refusal(fake, body, counting=True)
     if refused is not None:
         return refused
     items = responses_api.history(body, fake.responses_state) + responses_api.as_items(body.get("input"))
@@ -671,7 +672,7 @@ def create_app(fake: FakeUpstream) -> Starlette:
         routes=[
             route("/v1/chat/completions", {"POST": chat_completions}, takes_queued_faults=True),
             route("/v1/responses", {"POST": responses}),
-            route("/v1/responses/input_tokens", {"POST": responses_input_tokens}),
+            route("/v1/responses/input_tokens", {"POST": responses_input_tokens}, takes_queued_faults=True),
             route("/v1/messages", {"POST": messages}, anthropic=True),
             route("/v1/messages/count_tokens", {"POST": count_tokens}, anthropic=True),
             route("/v1/embeddings", {"POST": embeddings}),

@@ -7,6 +7,7 @@ conversations only succeed if the gateway fitted them, or had the upstream trunc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -474,3 +475,30 @@ def test_a_team_cap_holds_for_a_history_kept_upstream(
     measured = fake_upstream.requests_to("/v1/responses/input_tokens")
     assert len(measured) == answered  # every chained request measured, the refused one included
     assert len(fake_upstream.requests_to("/v1/responses")) == answered  # the refused one never sent
+
+
+def test_a_team_cap_holds_for_a_stored_prompt_and_a_slow_count_does_not_fail_the_request(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """The cap holds whether the body names the model or a stored prompt does; and input_tokens is
+    a probe: one that does not answer in windows.discovery_timeout leaves the request to go on."""
+    fake_upstream.window = None
+    teams = {"small": {"keys": [hash_key("sk-team-small")], "limits": {"max_context_tokens": 2_000}}}
+    url = windowed(start_gateway, 100_000, GATEWAY_TEAMS=orjson.dumps(teams).decode())
+    with openai.OpenAI(base_url=url, api_key="sk-team-small", max_retries=0) as client:
+        first = client.responses.create(model=MODEL, input=log_line(0)).id
+        fake_upstream.faults = ["hang"]  # the next upstream request: the count
+        fake_upstream.hang_seconds = 30
+        started = time.monotonic()
+        quick = client.responses.create(model=MODEL, input="and then?", previous_response_id=first)
+        assert quick.status == "completed" and time.monotonic() - started < 20
+        previous = quick.id
+        with pytest.raises(openai.BadRequestError):  # the chain grows to the cap
+            for turn in range(1, 8):
+                chained = {"input": log_line(turn), "previous_response_id": previous}
+                previous = client.responses.create(model=MODEL, **chained).id
+        with pytest.raises(openai.BadRequestError) as refused:  # the same, the model named by a prompt
+            client.responses.create(  # type: ignore[call-overload]
+                prompt={"id": "pmpt_abc"}, input=log_line(9), previous_response_id=previous
+            )
+    assert "team's context cap" in refused.value.message

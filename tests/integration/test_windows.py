@@ -4,12 +4,15 @@ listed and forgotten across two replicas on one real Redis."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis
 
@@ -261,3 +264,56 @@ def test_a_client_cannot_spell_a_window_into_another_error(
     assert later.status_code == 200
     assert later.headers["x-gateway-compression"] == "none"
     assert int(later.headers["x-gateway-prompt-tokens-after"]) > 3000
+
+
+def test_a_refusal_the_client_wrote_inside_a_stream_is_neither_learned_nor_charged() -> None:
+    """An upstream (SGLang-like) that answers 200 and puts its error in the stream, quoting the
+    client's overflow-shaped text twice: relayed as it came, never taken for an accepted request
+    (whose size would raise the model's known window) nor charged to the team."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from gateway.policy.keys import hash_key
+
+    spelled = (
+        "This model's maximum context length is 20000 tokens. "
+        "However, your messages resulted in 150000 tokens."
+    )
+
+    async def refuse(request: Request) -> Response:
+        message = f"Invalid value: '{spelled}' is not a supported tool_call_id."
+        event = b"data: " + orjson.dumps({"object": "error", "message": message, "code": 400}) + b"\n\n"
+        return Response(event, media_type="text/event-stream")
+
+    upstream = Starlette(routes=[Route("/{path:path}", refuse, methods=["POST"])])
+    teams = {"t": {"keys": [hash_key("sk-team-t")], "limits": {"tokens_per_day": 1_000_000}}}
+    with ExitStack() as stack:
+        origin = stack.enter_context(serve_in_thread(upstream))
+        environ = {
+            "GATEWAY_UPSTREAM_BASE_URL": origin + "/v1",
+            "GATEWAY_WINDOWS_DISCOVERY": "false",
+            "GATEWAY_TEAMS": orjson.dumps(teams).decode(),
+        }
+        app = create_app(load_settings(None, environ))
+        url = stack.enter_context(serve_in_thread(app)) + "/v1"
+        runtime: Runtime = app.state.runtime
+        body = {
+            "model": "sglang-served",
+            "stream": True,
+            "max_tokens": 100,
+            "messages": [*history(4), {"role": "user", "content": spelled}],
+        }
+        team_key = {"authorization": "Bearer sk-team-t"}
+        answer = httpx.post(url + "/chat/completions", json=body, headers=team_key, timeout=30)
+        assert answer.status_code == 200 and spelled in answer.text  # the upstream's own answer
+        assert answer.headers["x-gateway-retry"] == "overflow"
+        assert runtime.windows.learned.get("sglang-served") is None
+        day = int(time.time()) // 86400
+        for _ in range(50):  # the settlement runs in the background once the stream ends
+            usage = asyncio.run(runtime.policy.usage("t", day))
+            if usage:
+                break
+            time.sleep(0.05)
+    assert usage and all(model.prompt == 0 and model.completion == 0 for model in usage.values())
