@@ -77,26 +77,26 @@ class StreamMeter:
         out = []
         if self._long_tail is not None:  # inside an event too long to hold: relayed as it comes
             if not separators:
-                # All but the last bytes, which may begin the blank line that ends the event.
-                relayed, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
-                out.append(relayed)
-                self._long_tail = (self._long_tail + relayed)[-LONG_EVENT_TAIL:]
+                out.append(self._relay_long(self._long_tail))
                 return b"".join(out) if self.strip else chunk
             end = events.pop(0)
             out.append(end + separators.pop(0))
             self._note_usage_in_tail(self._long_tail + end)
             self._long_tail = None
-        if len(self._pending) > MAX_PENDING_BYTES:  # relayed from here on, held back as above
-            out_of_events, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
-            self._long_tail = out_of_events[-LONG_EVENT_TAIL:]
-        else:
-            out_of_events = b""
+        out_of_events = self._relay_long(b"") if len(self._pending) > MAX_PENDING_BYTES else b""
         for event, separator in zip(events, separators, strict=True):
             kept = self._event(event)
             if kept or not event:
                 out.append(kept + separator)
         out.append(out_of_events)
         return b"".join(out) if self.strip else chunk
+
+    def _relay_long(self, tail: bytes) -> bytes:
+        """The pending bytes of an event too long to hold, relayed from here on, all but the last
+        few (they may begin the blank line that ends it); `tail`: its end seen so far."""
+        relayed, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
+        self._long_tail = (tail + relayed)[-LONG_EVENT_TAIL:]
+        return relayed
 
     def _note_usage_in_tail(self, tail: bytes) -> None:
         """The usage of an event too long to hold, read from its end: the Responses API's

@@ -244,12 +244,14 @@ async def _forward(
         await _discard(attempt)
         await _stop_if_client_left(request, retry_plan)
         attempt = await _send_fitted(request, runtime, chat, retry_plan, upstream, dialect)
-        if attempt.overflow is not None and attempt.overflow.client_spelled:
-            # Refused again with the request's own words: most likely not about its length at all
-            # (a validation error quoting the client), so the upstream's answer goes back as it is.
+        if attempt.overflow is None:
+            metrics.OVERFLOW_RETRIES.labels("recovered").inc()
+        else:
             metrics.OVERFLOW_RETRIES.labels("failed").inc()
-        elif attempt.overflow is not None:
-            metrics.OVERFLOW_RETRIES.labels("failed").inc()
+        # Refused again: the gateway's own 400, unless the request wrote the refusal itself (most
+        # likely not about its length at all: a validation error quoting the client), whose
+        # answer goes back as the upstream sent it.
+        if attempt.overflow is not None and not attempt.overflow.client_spelled:
             runtime.learn_from_overflow(chat.model, refusal_of(runtime, chat, retry_plan, attempt.overflow))
             await _discard(attempt)
             raise GatewayError(
@@ -270,8 +272,6 @@ async def _forward(
                     )
                 ),
             )
-        else:
-            metrics.OVERFLOW_RETRIES.labels("recovered").inc()
 
     final_plan = attempt.plan
     record.tokens_after, record.compression = final_plan.tokens_after, final_plan.stages
