@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.policy.named_models import batch_line_models
+from gateway.policy.named_models import LineSplitter, batch_line_models
 
 BATCHES_PATH = "/v1/batches"
 # OpenAI's file ids are `file-` and letters and digits. The id becomes a path segment of the
@@ -49,23 +49,12 @@ def input_file_id(body: bytes) -> str:
 async def input_file_models(chunks: AsyncIterator[bytes], max_line_bytes: int) -> AsyncGenerator[str, None]:
     """Every model the lines of a batch input file name, as the file streams in (one line held
     at a time, at most `max_line_bytes`)."""
-    pending = bytearray()
-    number = 0
+    lines = LineSplitter(max_line_bytes, "the batch's input file", "input_file_id")
     async for chunk in chunks:
-        searched = len(pending)  # what was left holds no line break: only the new bytes are searched
-        pending += chunk
-        start = 0
-        while (end := pending.find(b"\n", max(start, searched))) != -1:
-            number += 1
-            for model in batch_line_models(bytes(pending[start:end]), number, param="input_file_id"):
+        fed = lines.feed(chunk)
+        for number, line in enumerate(fed, start=lines.number - len(fed) + 1):
+            for model in batch_line_models(line, number, param="input_file_id"):
                 yield model
-            start = end + 1
-        del pending[:start]
-        if len(pending) > max_line_bytes:
-            raise GatewayError(
-                400,
-                f"Line {number + 1} of the batch's input file is longer than {max_line_bytes:,} bytes.",
-                param="input_file_id",
-            )
-    for model in batch_line_models(bytes(pending), number + 1, param="input_file_id"):
+    last = lines.finish()
+    for model in batch_line_models(last, lines.number, param="input_file_id"):
         yield model

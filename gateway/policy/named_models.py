@@ -4,15 +4,18 @@ A team held to an allow-list must not reach another model through any route: emb
 moderations name it in a JSON body (eval runs, graders and each request of an Anthropic Message
 Batch deeper in it: every `model` key counts), audio transcriptions and image edits in a form
 field, and OpenAI's batches in their input file (`purpose=batch`, one request per line: read as
-it is uploaded, and again where a batch uses it, gateway.policy.batch_input). The whole body
-is read as the upstream would read it (JSON may open with any amount of whitespace; a form
-may repeat a field), and a body that claims a JSON or form shape but cannot be read as one is
-refused: a lenient upstream might still find a model in it.
+it is uploaded, and again where a batch uses it, gateway.policy.batch_input). A JSON or
+urlencoded body is read whole, as the upstream would read it (JSON may open with any amount of
+whitespace; a form may repeat a field); a multipart upload is read as it streams on to the
+upstream, holding only its small fields and a line of a batch file (FormScan). A body that
+claims a JSON or form shape but cannot be read as one is refused: a lenient upstream might
+still find a model in it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -26,15 +29,19 @@ from gateway.log_safety import printable
 if TYPE_CHECKING:  # defined for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
-_FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+MULTIPART = "multipart/form-data"
+# A `model` or `purpose` form field holds a name: anything longer is refused, not cut to fit.
+FORM_FIELD_LIMIT = 64 * 1024
 
 
 def models_named(body: bytes, content_type: str) -> list[str]:
     """Every ``model`` the body names (none for a body without one, such as a file upload; ""
     for a stored prompt's, which the body does not name)."""
-    media = content_type.partition(";")[0].strip().lower()
-    if media in _FORMS:
-        return _form_models(body, content_type, media)
+    media = media_type(content_type)
+    if media == MULTIPART:
+        raise ValueError("a multipart body is read as it streams: FormScan")
+    if media == "application/x-www-form-urlencoded":
+        return _urlencoded_models(body)
     if not body.strip():
         return []
     try:
@@ -45,6 +52,10 @@ def models_named(body: bytes, content_type: str) -> list[str]:
         return []  # neither JSON nor a form: raw bytes, which name no model
     refuse_duplicate_keys(body)
     return _named(payload, "model")
+
+
+def media_type(content_type: str) -> str:
+    return content_type.partition(";")[0].strip().lower()
 
 
 def refuse_duplicate_keys(body: bytes) -> None:
@@ -102,14 +113,6 @@ def _models_in(payload: object, param: str) -> list[str]:
     return models
 
 
-def _batch_models(lines: bytes) -> list[str]:
-    """The models of a batch input file (JSON Lines, each with the request's `body`)."""
-    models: list[str] = []
-    for number, line in enumerate(lines.splitlines(), start=1):
-        models += batch_line_models(line, number, param="file")
-    return models
-
-
 def batch_line_models(line: bytes, number: int, *, param: str) -> list[str]:
     """The model line `number` of a batch input file names (`param`: where the file came from)."""
     if not line.strip():
@@ -132,68 +135,156 @@ def _named(payload: object, param: str) -> list[str]:
     return models
 
 
-def _form_models(body: bytes, content_type: str, media: str) -> list[str]:
-    if media == "application/x-www-form-urlencoded":
-        try:
-            fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
-        except UnicodeDecodeError:
-            raise GatewayError(400, "The form body is not valid UTF-8.") from None
-        return [value for name, value in fields if name == "model"]
-    _, options = parse_options_header(content_type)
-    boundary = options.get(b"boundary")
-    if not boundary:
-        raise GatewayError(400, "A multipart/form-data body needs a boundary in its Content-Type.")
-    parts = _Parts()
-    parser = MultipartParser(boundary, parts.callbacks())
+def _urlencoded_models(body: bytes) -> list[str]:
     try:
-        parser.write(body)
-        parser.finalize()
-    except (MultipartParseError, ValueError):
-        complete = False
-    else:  # a body cut inside a part (a `model` the upstream might read) ends in another state
-        complete = parser.state == MultipartState.END
-    if not complete:
-        raise GatewayError(400, "The multipart/form-data body is malformed or incomplete.")
-    models = [value.decode("utf-8", errors="replace") for value in parts.values(b"model")]
-    if b"batch" in parts.values(b"purpose"):  # a batch input file: the models its requests run on
-        for content in parts.values(b"file"):
-            models += _batch_models(content)
-    return models
+        fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise GatewayError(400, "The form body is not valid UTF-8.") from None
+    return [value for name, value in fields if name == "model"]
 
 
-class _Parts:
-    """A multipart body's parts by name, as where their bytes lie in it: nothing is copied (an
-    upload may be hundreds of megabytes) until a part's value is asked for."""
+class LineSplitter:
+    """The lines of a stream that comes in pieces, one line held at a time, at most
+    `max_line_bytes` (`what`, `param`: the file named in the refusal of a longer one)."""
 
-    def __init__(self) -> None:
-        self.spans: dict[bytes, list[list[tuple[bytes, int, int]]]] = {}
+    def __init__(self, max_line_bytes: int, what: str, param: str) -> None:
+        self.number = 0  # lines returned so far
+        self._pending = bytearray()
+        self._max = max_line_bytes
+        self._what = what
+        self._param = param
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        searched = len(self._pending)  # what was left holds no line break: only new bytes are searched
+        self._pending += chunk
+        lines: list[bytes] = []
+        start = 0
+        while (end := self._pending.find(b"\n", max(start, searched))) != -1:
+            lines.append(bytes(self._pending[start:end]))
+            start = end + 1
+        del self._pending[:start]
+        self.number += len(lines)
+        if len(self._pending) > self._max:
+            raise GatewayError(
+                400,
+                f"Line {self.number + 1} of {self._what} is longer than {self._max:,} bytes.",
+                param=self._param,
+            )
+        return lines
+
+    def finish(self) -> bytes:
+        """The last line (empty when the stream ended with a line break)."""
+        self.number += 1
+        last = bytes(self._pending)
+        self._pending.clear()
+        return last
+
+
+class FormScan:
+    """A multipart/form-data body read as it streams, for a team's model allow-list: `feed` and
+    `finish` answer the first model the body names that `allowed` refuses (a `model` field, or a
+    line of a `purpose=batch` file), or None. Only the `model` and `purpose` fields and one line
+    of a file are held, whatever the upload's size. The `purpose` field may come after the file,
+    so what a file's lines name (and a line that cannot be read) counts once the form says batch;
+    a body that ends inside a part is refused, as the upstream might read a model there."""
+
+    def __init__(self, content_type: str, max_line_bytes: int, allowed: Callable[[str], bool]) -> None:
+        _, options = parse_options_header(content_type)
+        boundary = options.get(b"boundary")
+        if not boundary:
+            raise GatewayError(400, "A multipart/form-data body needs a boundary in its Content-Type.")
+        self._allowed = allowed
+        self._max_line = max_line_bytes
+        self._parser = MultipartParser(boundary, self._callbacks())
         self._field = bytearray()
         self._value = bytearray()
         self._name: bytes | None = None
+        self._held = bytearray()  # the value of a `model` or `purpose` part
+        self._lines: LineSplitter | None = None  # in a `file` part
+        self._batch = False
+        self._refused: str | None = None  # by a field: counts at once
+        self._line_refused: str | None = None  # by a file's line: counts for a batch file
+        self._line_error: GatewayError | None = None
 
-    def values(self, name: bytes) -> list[bytes]:
-        return [b"".join(data[start:end] for data, start, end in part) for part in self.spans.get(name, [])]
+    def feed(self, chunk: bytes) -> str | None:
+        try:
+            self._parser.write(chunk)
+        except (MultipartParseError, ValueError):
+            raise _malformed() from None
+        return self._answer()
 
-    def callbacks(self) -> MultipartCallbacks:
+    def finish(self) -> str | None:
+        try:
+            self._parser.finalize()
+        except (MultipartParseError, ValueError):
+            raise _malformed() from None
+        if self._parser.state != MultipartState.END:
+            raise _malformed()
+        return self._answer()
+
+    def _answer(self) -> str | None:
+        if self._refused is not None:
+            return self._refused
+        if self._batch and self._line_error is not None:
+            raise self._line_error
+        return self._line_refused if self._batch else None
+
+    def _callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self._part_begin,
             "on_header_field": lambda data, start, end: self._field.extend(data[start:end]),
             "on_header_value": lambda data, start, end: self._value.extend(data[start:end]),
             "on_header_end": self._header_end,
             "on_part_data": self._part_data,
+            "on_part_end": self._part_end,
         }
 
     def _part_begin(self) -> None:
         self._name = None
+        self._held.clear()
+        self._lines = None
 
     def _header_end(self) -> None:
         if bytes(self._field).strip().lower() == b"content-disposition":
             self._name = parse_options_header(bytes(self._value))[1].get(b"name")
-            if self._name is not None:
-                self.spans.setdefault(self._name, []).append([])
+            if self._name == b"file":
+                self._lines = LineSplitter(self._max_line, "the batch file", "file")
         self._field.clear()
         self._value.clear()
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._name is not None:
-            self.spans[self._name][-1].append((data, start, end))
+        if self._name in (b"model", b"purpose"):
+            self._held += data[start:end]
+            if len(self._held) > FORM_FIELD_LIMIT:
+                name = self._name.decode("latin-1")
+                raise GatewayError(400, f"The form field '{name}' is longer than {FORM_FIELD_LIMIT:,} bytes.")
+        elif self._lines is not None:
+            self._read_lines(self._lines.feed(data[start:end]))
+
+    def _part_end(self) -> None:
+        if self._name == b"model":
+            model = self._held.decode("utf-8", errors="replace")
+            if self._refused is None and not self._allowed(model):
+                self._refused = model
+        elif self._name == b"purpose":
+            self._batch |= self._held == b"batch"
+        elif self._lines is not None:
+            self._read_lines([self._lines.finish()])
+
+    def _read_lines(self, lines: list[bytes]) -> None:
+        if self._line_refused is not None or self._line_error is not None or self._lines is None:
+            return  # the first refusal is the answer
+        for number, line in enumerate(lines, start=self._lines.number - len(lines) + 1):
+            try:
+                models = batch_line_models(line, number, param="file")
+            except GatewayError as exc:
+                self._line_error = exc
+                return
+            for model in models:
+                if not self._allowed(model):
+                    self._line_refused = model
+                    return
+
+
+def _malformed() -> GatewayError:
+    return GatewayError(400, "The multipart/form-data body is malformed or incomplete.")

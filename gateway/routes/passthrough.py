@@ -3,13 +3,18 @@
 The path goes upstream as the client encoded it (unsafe ones never get here: gateway.request_path).
 With teams configured: authenticated, held to the team's requests-per-minute limit, and, for a
 team with a model allow-list, every ``model`` the body names (JSON or form) checked against it
-(embeddings, transcriptions, image edits …: no route may reach a model the team may not use).
+(embeddings, transcriptions, image edits …: no route may reach a model the team may not use):
+a JSON or urlencoded body read whole within ``server.max_body_bytes``; a multipart upload (up
+to ``max_passthrough_body_bytes``, hundreds of megabytes) read as it streams on, each piece sent
+once the next is read and the last once the whole form was judged, so a refused upload never
+reaches the upstream complete.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from functools import partial
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -20,7 +25,7 @@ from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.batch_input import creates_batch, input_file_id, input_file_models
 from gateway.policy.enforcer import Team
-from gateway.policy.named_models import models_named
+from gateway.policy.named_models import MULTIPART, FormScan, media_type, models_named
 from gateway.proxy_headers import client_query, to_client, to_upstream, upstream_query
 from gateway.relay import RelayStream
 from gateway.request_path import upstream_path
@@ -56,13 +61,27 @@ async def relay_unchanged(
     team = runtime.policy.authenticate(request.headers)
     limit = runtime.settings.server.max_passthrough_body_bytes
     body: bytes | _Upload | None
-    if team is not None and team.settings.models is not None:
-        # The whole body is needed to read its model: buffered, within the body limit.
-        whole = await read_body(request, limit)
-        for model in models_named(whole, request.headers.get("content-type", "")):
+    content_type = request.headers.get("content-type", "")
+    if team is not None and team.settings.models is not None and media_type(content_type) == MULTIPART:
+        # An upload: its models are read as it streams on (gateway.policy.named_models.FormScan).
+        scan = _TeamFormScan(
+            runtime,
+            team,
+            FormScan(content_type, runtime.settings.server.max_body_bytes, team.settings.allows_model),
+        )
+        body = await _request_body(request, limit, scan)
+        if not isinstance(body, _Upload):
+            scan.feed(body or b"")
+            scan.finish()
+    elif team is not None and team.settings.models is not None:
+        # The whole body is needed to read its model: buffered, within the request body limit.
+        whole = await read_body(request, runtime.settings.server.max_body_bytes)
+        for model in models_named(whole, content_type):
             runtime.policy.check_model(team, model)
         if creates_batch(request.method, request.scope["path"]):
-            await _check_batch_input(request, team, input_file_id(whole), limit)
+            await _check_batch_input(
+                request, team, input_file_id(whole), runtime.settings.server.max_body_bytes
+            )
         has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
         body = whole if has_body else None
     else:
@@ -142,7 +161,9 @@ async def _check_batch_input(request: Request, team: Team, file_id: str, max_lin
             runtime.policy.check_model(team, model)
 
 
-async def _request_body(request: Request, limit: int) -> bytes | _Upload | None:
+async def _request_body(
+    request: Request, limit: int, scan: _TeamFormScan | None = None
+) -> bytes | _Upload | None:
     declared = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if declared is None and not chunked:
@@ -151,7 +172,23 @@ async def _request_body(request: Request, limit: int) -> bytes | _Upload | None:
         return await read_body(request, limit)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise body_too_large(limit)
-    return _Upload(request, limit)
+    return _Upload(request, limit, scan)
+
+
+class _TeamFormScan:
+    """A FormScan whose answer is held to the team's list (answering as `check_model` does)."""
+
+    def __init__(self, runtime: Runtime, team: Team, scan: FormScan) -> None:
+        self._check = partial(runtime.policy.check_model, team)
+        self._scan = scan
+
+    def feed(self, chunk: bytes) -> None:
+        if (refused := self._scan.feed(chunk)) is not None:
+            self._check(refused)
+
+    def finish(self) -> None:
+        if (refused := self._scan.finish()) is not None:
+            self._check(refused)
 
 
 class _Upload:
@@ -161,21 +198,34 @@ class _Upload:
     answer 502, "upstream unreachable"); the real cause is kept here so the route raises it.
     """
 
-    def __init__(self, request: Request, limit: int) -> None:
+    def __init__(self, request: Request, limit: int, scan: _TeamFormScan | None) -> None:
         self.request = request
         self.limit = limit
+        self.scan = scan
         self.failure: Exception | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         size = 0
+        held = b""  # with a scan, each piece goes on once the next is read, the last once all is
         try:
             async for chunk in self.request.stream():
                 size += len(chunk)
                 if size > self.limit:
                     # Too late for a 413 before the upstream request: abort the upload.
                     raise body_too_large(self.limit)
-                if chunk:
+                if not chunk:
+                    continue
+                if self.scan is None:
                     yield chunk
+                    continue
+                self.scan.feed(chunk)
+                if held:
+                    yield held
+                held = chunk
+            if self.scan is not None:
+                self.scan.finish()
+            if held:
+                yield held
         except (ClientDisconnect, GatewayError) as exc:
             self.failure = exc
             raise

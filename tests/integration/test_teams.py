@@ -9,6 +9,7 @@ import re
 import socket
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -740,6 +741,45 @@ def test_a_pass_through_body_naming_its_model_twice_is_refused_for_a_team_with_a
     headers["Authorization"] = f"Bearer {OTHER_KEY}"
     answer = httpx.post(url + "/embeddings", content=twice, headers=headers)
     assert answer.status_code == 200 and fake_upstream.received[-1].body == twice
+
+
+def test_a_large_upload_is_judged_as_it_streams_and_a_refused_one_never_arrives_whole(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """A batch file of megabytes streams through a team's list: the worker holds a line of it,
+    not the upload (hundreds of megabytes once took a worker past its memory limit). A file
+    whose last line names a model the list refuses is refused, and the upstream never gets
+    the upload whole (here: never takes it at all); an allowed one arrives byte for byte."""
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-*"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    line = {"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"input": "y" * 1000}}
+    lines = [json.dumps({**line, "body": {**line["body"], "model": "text-embedding-3-small"}})] * 3000
+    forbidden = json.dumps({**line, "body": {"model": "gpt-5-forbidden"}})
+    headers = dict(auth)
+    for first in (False, True):  # the line naming the forbidden model last, then first
+        refused_file = "\n".join([forbidden, *lines] if first else [*lines, forbidden]).encode()
+        upload = httpx.Request(
+            "POST", url, data={"purpose": "batch"}, files={"file": ("in.jsonl", refused_file)}
+        )
+        content, headers["content-type"] = upload.read(), upload.headers["content-type"]
+        assert len(content) > 3_000_000
+        tracemalloc.start()  # this process serves the gateway (a thread) and the fake upstream
+        try:
+            refused = httpx.post(url + "/files", content=content, headers=headers, timeout=30)
+            held = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert refused.status_code == 404 and "gpt-5-forbidden" in refused.json()["error"]["message"]
+        assert fake_upstream.requests_to("/v1/files") == []
+    # Refused at its first line, the upload was never held, by the gateway or (unsent) upstream.
+    assert held < len(content) / 4
+    allowed_file = "\n".join(lines).encode()
+    upload = httpx.Request("POST", url, data={"purpose": "batch"}, files={"file": ("in.jsonl", allowed_file)})
+    headers["content-type"] = upload.headers["content-type"]
+    allowed = httpx.post(url + "/files", content=upload.read(), headers=headers, timeout=30)
+    assert allowed.status_code == 404  # this fake serves no /v1/files, as OpenAI answers an unknown path
+    [arrived] = fake_upstream.requests_to("/v1/files")
+    assert arrived.body == upload.read()
 
 
 def test_a_batch_runs_only_on_models_the_team_may_use_wherever_its_file_came_from(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
 from gateway.policy.batch_input import creates_batch, input_file_id, input_file_models
-from gateway.policy.named_models import models_named
+from gateway.policy.named_models import FormScan, models_named
 
 
 def _form(data: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[bytes, str]:
@@ -23,22 +23,78 @@ def _form(data: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[by
     return request.read(), request.headers["content-type"]
 
 
+def _refused_by_form(
+    body: bytes, content_type: str, allowed: set[str], cuts: list[int] | None = None
+) -> str | None:
+    """What FormScan answers for the body fed in the pieces `cuts` makes (whole by default)."""
+    scan = FormScan(content_type, 1 << 20, allowed.__contains__)
+    points = sorted({min(cut, len(body)) for cut in cuts or []})
+    answers = [scan.feed(body[a:b]) for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    return next((answer for answer in answers if answer is not None), None) or scan.finish()
+
+
 def test_form_fields_file_parts_and_batch_files_name_their_models() -> None:
-    assert models_named(*_form({"model": "whisper-1"}, {"file": ("a.wav", b"RIFF")})) == ["whisper-1"]
-    assert models_named(*_form({}, {"model": ("m", b"gpt-x"), "file": ("a.wav", b"RIFF")})) == ["gpt-x"]
+    assert (
+        _refused_by_form(*_form({"model": "whisper-1"}, {"file": ("a.wav", b"RIFF")}), set()) == "whisper-1"
+    )
+    assert (
+        _refused_by_form(*_form({"model": "whisper-1"}, {"file": ("a.wav", b"RIFF")}), {"whisper-1"}) is None
+    )
+    assert (
+        _refused_by_form(*_form({}, {"model": ("m", b"gpt-x"), "file": ("a.wav", b"RIFF")}), set()) == "gpt-x"
+    )
     lines = b'{"body": {"model": "a"}}\n\n{"body": {"model": "b"}}\n'
-    assert models_named(*_form({"purpose": "batch"}, {"file": ("in.jsonl", lines)})) == ["a", "b"]
-    assert models_named(*_form({"purpose": "fine-tune"}, {"file": ("in.jsonl", lines)})) == []
+    assert _refused_by_form(*_form({"purpose": "batch"}, {"file": ("in.jsonl", lines)}), {"a"}) == "b"
+    assert _refused_by_form(*_form({"purpose": "batch"}, {"file": ("in.jsonl", lines)}), {"a", "b"}) is None
+    assert _refused_by_form(*_form({"purpose": "fine-tune"}, {"file": ("in.jsonl", lines)}), set()) is None
     assert models_named(b"input=x&model=a&model=b", "application/x-www-form-urlencoded") == ["a", "b"]
     assert models_named(b" " * 5000 + b'{"model": "c"}', "application/json") == ["c"]
 
 
-def test_a_large_upload_is_read_in_place() -> None:
-    """An upload of hundreds of megabytes is already in memory once: its parts are not copied."""
-    body, content_type = _form({"purpose": "assistants"}, {"file": ("big.bin", b"\0" * 20_000_000)})
+@given(
+    models=st.lists(st.sampled_from(["ok", "also-ok", "forbidden"]), min_size=1, max_size=6),
+    purpose_last=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=8),
+)
+def test_an_upload_fed_in_any_pieces_is_judged_as_it_is_whole(
+    models: list[str], purpose_last: bool, cuts: list[int]
+) -> None:
+    """An upload streams in pieces that split its boundary, headers and lines anywhere, and its
+    `purpose` may come after the file: read as it streams, the first model of a batch file the
+    list refuses is found, and a file that is not a batch is never judged by its lines."""
+    lines = b"\n".join(
+        orjson.dumps({"custom_id": str(n), "body": {"model": m}}) for n, m in enumerate(models)
+    )
+    boundary = "b0undary"
+    file_part = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n"
+        ).encode()
+        + lines
+        + b"\r\n"
+    )
+    for purpose in ("batch", "assistants"):
+        purpose_part = f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{purpose}\r\n'
+        parts = [file_part, purpose_part.encode()] if purpose_last else [purpose_part.encode(), file_part]
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        content_type = f"multipart/form-data; boundary={boundary}"
+        expected = "forbidden" if purpose == "batch" and "forbidden" in models else None
+        assert _refused_by_form(body, content_type, {"ok", "also-ok"}, cuts) == expected
+
+
+def test_an_upload_is_read_holding_a_line_at_most() -> None:
+    """An upload of hundreds of megabytes streams through: what is held is its small fields and
+    one line of a batch file, not the upload."""
+    line = orjson.dumps({"custom_id": "x", "body": {"model": "ok", "input": "y" * 500}})
+    body, content_type = _form({"purpose": "batch"}, {"file": ("in.jsonl", b"\n".join([line] * 40_000))})
+    assert len(body) > 20_000_000
+    scan = FormScan(content_type, 1 << 20, {"ok"}.__contains__)
     tracemalloc.start()
     try:
-        assert models_named(body, content_type) == []
+        for start in range(0, len(body), 65_536):
+            assert scan.feed(body[start : start + 65_536]) is None
+        assert scan.finish() is None
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -64,7 +120,10 @@ def test_a_body_that_cannot_be_read_whole_is_refused(body: bytes, content_type: 
     if content_type is None:  # a batch file with a line that is not JSON
         body, content_type = _form({"purpose": "batch"}, {"file": ("in.jsonl", body)})
     with pytest.raises(GatewayError) as refused:
-        models_named(body, content_type)
+        if content_type.startswith("multipart/"):
+            _refused_by_form(body, content_type, {"gpt-x", "a"})
+        else:
+            models_named(body, content_type)
     assert refused.value.status == 400
 
 
