@@ -137,6 +137,8 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.server.log_format, settings.server.log_level)
     workers = worker_count(settings.server.workers)
     log.info("%s; %d worker process%s", startup_line(settings, args.config), workers, "es" * (workers > 1))
+    if (warning := unshared_limits_warning(settings, workers)) is not None:
+        log.warning("%s", warning)
     serve(settings, args.config)
     return 0
 
@@ -152,6 +154,27 @@ def startup_line(settings: Settings, config_path: str | None) -> str:
     return (
         f"context-gateway {__version__}: config {source}; upstream {redact_url(settings.upstream.base_url)} "
         f"with {key}; store {store}; listening on http://{address}:{settings.server.port}{exposure}"
+    )
+
+
+def unshared_limits_warning(settings: Settings, workers: int) -> str | None:
+    """Team limits held per process: without Redis each worker keeps its own budgets, so a team
+    gets its limits once per worker (measured: 6 requests a minute admitted for a limit of 3
+    with two workers), which nothing else would tell the operator."""
+    if workers <= 1 or settings.redis_url:
+        return None
+    limited = sorted(
+        name
+        for name, team in settings.teams.items()
+        if team.limits.requests_per_minute or team.limits.tokens_per_minute or team.limits.tokens_per_day
+    )
+    if not limited:
+        return None
+    named = ", ".join(limited[:3]) + (f" and {len(limited) - 3} more" if len(limited) > 3 else "")
+    return (
+        f"team limits ({named}) are kept in memory by each of the {workers} worker processes: "
+        f"a team may use up to {workers}x its limits here, and as much again on every other replica; "
+        "set redis_url to share them"
     )
 
 

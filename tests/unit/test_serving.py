@@ -25,11 +25,25 @@ AFFINITY = len(os.sched_getaffinity(0))
 def test_usable_cpus_follow_a_cgroup_cpu_limit(tmp_path: Path, cpu_max: str, expected: int) -> None:
     limit = tmp_path / "cpu.max"
     limit.write_text(cpu_max)
-    assert usable_cpus(limit) == expected
+    assert usable_cpus(limit, tmp_path / "no-v1") == expected
+
+
+@pytest.mark.parametrize(
+    ("quota", "period", "expected"),
+    [("-1", "100000", AFFINITY), ("50000", "100000", 1), ("100000", "100000", 1), ("garbage", "1", AFFINITY)],
+)
+def test_usable_cpus_follow_a_cgroup_v1_cpu_quota(
+    tmp_path: Path, quota: str, period: str, expected: int
+) -> None:
+    """Nodes still on cgroup v1 state a CPU limit as a CFS quota: without it, `auto` started a
+    worker per node CPU in a pod limited to one."""
+    (tmp_path / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (tmp_path / "cpu.cfs_period_us").write_text(period + "\n")
+    assert usable_cpus(tmp_path / "absent", tmp_path) == expected
 
 
 def test_usable_cpus_without_cgroup_file(tmp_path: Path) -> None:
-    assert usable_cpus(tmp_path / "absent") == AFFINITY
+    assert usable_cpus(tmp_path / "absent", tmp_path / "absent-v1") == AFFINITY
 
 
 def test_worker_count() -> None:

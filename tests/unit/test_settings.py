@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import typing
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 import gateway
-from gateway.cli import main, startup_line
+from gateway.cli import main, startup_line, unshared_limits_warning
 from gateway.settings import ConfigError, Settings, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "gateway.example.yaml"
@@ -153,6 +154,28 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     assert "server.log_level must be one of" in message and "'loud'" in message
     assert "server.port must be between 1 and 65535, got 84536" in message
     assert "redis_url must start with redis://" in message
+
+
+def test_team_limits_kept_per_worker_are_announced_at_start() -> None:
+    """Without Redis each worker keeps its own budgets: two workers admitted 6 requests a minute
+    for a team limited to 3, and nothing said so. The operator is told at start, naming the
+    teams and the multiple, and not told where the limits are shared or nothing is limited."""
+    key = "sha256:" + "ab" * 32
+    teams = {
+        "research": {"keys": [key], "limits": {"requests_per_minute": 3}},
+        "ops": {"keys": ["sha256:" + "cd" * 32]},
+    }
+    settings = load_settings(None, {"GATEWAY_TEAMS": json.dumps(teams)})
+    warning = unshared_limits_warning(settings, 4)
+    assert warning is not None and "research" in warning and "4x" in warning and "redis_url" in warning
+    assert "ops" not in warning and "ab" * 32 not in warning
+    assert unshared_limits_warning(settings, 1) is None
+    shared = load_settings(
+        None, {"GATEWAY_TEAMS": json.dumps(teams), "GATEWAY_REDIS_URL": "redis://r:6379/0"}
+    )
+    assert unshared_limits_warning(shared, 4) is None
+    del teams["research"]["limits"]
+    assert unshared_limits_warning(load_settings(None, {"GATEWAY_TEAMS": json.dumps(teams)}), 4) is None
 
 
 @pytest.mark.parametrize(
