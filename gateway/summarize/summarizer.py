@@ -51,6 +51,9 @@ MAX_IN_FLIGHT = 8
 # A span whose summary failed is not tried again for this long (one attempt per span): its
 # requests use the digest. Stored as an empty summary, so every replica knows.
 FAILED_TTL_SECONDS = 600
+# An answer's body is read to its end up to this size: a capped summary is far smaller
+# (max_output_tokens is at most 100k), so a longer body is not a summary.
+MAX_ANSWER_BYTES = 1 << 22
 
 
 # (prompt tokens, completion tokens) of one summarizer call -> recorded for whoever asked.
@@ -231,9 +234,9 @@ class Summarizer:
         if self._session is None:
             self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         async with self._session.post(self.url, data=orjson.dumps(body), headers=self.headers) as reply:
-            raw = await reply.content.read(1 << 22)  # 4 MiB: far beyond any capped summary
             if reply.status != 200:
                 raise SummaryFailed(f"status_{reply.status // 100}xx")
+            raw = await _whole_body(reply)
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -241,6 +244,18 @@ class Summarizer:
         if not isinstance(answer, Mapping):
             raise SummaryFailed("garbage")
         return answer
+
+
+async def _whole_body(reply: aiohttp.ClientResponse) -> bytes:
+    """The body to its end, however many pieces it arrives in; one over MAX_ANSWER_BYTES is garbage."""
+    if (reply.content_length or 0) > MAX_ANSWER_BYTES:
+        raise SummaryFailed("garbage")
+    body = bytearray()
+    async for piece in reply.content.iter_any():
+        body += piece
+        if len(body) > MAX_ANSWER_BYTES:
+            raise SummaryFailed("garbage")
+    return bytes(body)
 
 
 def _summary_text(answer: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ test or the benchmark sees which facts crossed. Modes, set on the instance:
     refuse    200 whose message is a refusal (content null)
     garbage   200 whose body is not JSON
     long      200 with a summary far longer than any span (to be discarded)
+    pieces    200 with the `ok` answer written in several pieces, `delay` seconds apart
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.fakes.serve import serve_in_thread
@@ -100,17 +101,28 @@ def create_app(fake: FakeSummarizer) -> Starlette:
         spent = usage(body["messages"], message["content"] or "")
         with fake.lock:
             fake.usage.append(spent)
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{fake.calls}",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": spent,
-            }
-        )
+        answer = {
+            "id": f"chatcmpl-{fake.calls}",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": spent,
+        }
+        if fake.mode == "pieces":
+            pieces = in_pieces(orjson.dumps(answer), fake.delay)
+            return StreamingResponse(pieces, media_type="application/json")
+        return JSONResponse(answer)
 
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+async def in_pieces(data: bytes, pause: float, pieces: int = 4) -> AsyncIterator[bytes]:
+    # Each piece is its own write (a chunk on the wire): the reader sees the body arrive in parts.
+    size = -(-len(data) // pieces)
+    for start in range(0, len(data), size):
+        if start:
+            await asyncio.sleep(pause)
+        yield data[start : start + size]
 
 
 @contextmanager

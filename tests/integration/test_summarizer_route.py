@@ -121,6 +121,19 @@ def test_inline_mode_waits_for_the_summary(
     assert "User instructions" in body["messages"][0]["content"]
 
 
+def test_an_answer_that_arrives_in_pieces_is_read_to_its_end(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = "pieces", 0.1
+    url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline")
+    header, _, _ = ask(url, conversation(30))
+    # Valid JSON in four writes 0.1 s apart: the whole of it is the answer, not its first piece.
+    assert "summary" in header.split(",") and "digest" not in header.split(",")
+    assert sent_marker(fake_upstream).split("]\n", 1)[1].startswith("Notes: ")
+    assert summarizer.calls == 1
+
+
 @pytest.mark.parametrize("mode", ["fail", "refuse", "garbage", "long", "slow"])
 def test_any_summarizer_failure_falls_back_to_the_digest(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer, mode: str
