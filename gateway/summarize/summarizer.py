@@ -233,7 +233,11 @@ class Summarizer:
     async def _post(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
-        async with self._session.post(self.url, data=orjson.dumps(body), headers=self.headers) as reply:
+        # A redirect is not followed: it would send the conversation span to another
+        # origin, whose answer would then be used; a 3xx is a failure like any other status.
+        async with self._session.post(
+            self.url, data=orjson.dumps(body), headers=self.headers, allow_redirects=False
+        ) as reply:
             if reply.status != 200:
                 raise SummaryFailed(f"status_{reply.status // 100}xx")
             raw = await _whole_body(reply)

@@ -11,6 +11,7 @@ test or the benchmark sees which facts crossed. Modes, set on the instance:
     garbage   200 whose body is not JSON
     long      200 with a summary far longer than any span (to be discarded)
     pieces    200 with the `ok` answer written in several pieces, `delay` seconds apart
+    redirect  307 to `redirect_to` (a URL that keeps the method and the body)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class FakeSummarizer:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     usage: list[dict[str, int]] = field(default_factory=list)  # what each answer reported
     base_url: str = ""
+    redirect_to: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -78,6 +80,8 @@ def create_app(fake: FakeSummarizer) -> Starlette:
         with fake.lock:
             fake.calls += 1
             fake.bodies.append(body)
+        if fake.mode == "redirect":
+            return Response(status_code=307, headers={"location": fake.redirect_to})
         if fake.mode == "slow":
             await asyncio.sleep(fake.delay)
         with fake.lock:

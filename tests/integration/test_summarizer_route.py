@@ -24,6 +24,7 @@ from tests.conftest import GatewayFactory
 from tests.fakes.serve import free_port
 from tests.fakes.summarizer import FakeSummarizer, serve_summarizer
 from tests.fakes.upstream import FakeUpstream
+from tests.metrics import metric
 
 WINDOW = 6_000
 MODEL = "gpt-4o-mini"
@@ -132,6 +133,21 @@ def test_an_answer_that_arrives_in_pieces_is_read_to_its_end(
     assert "summary" in header.split(",") and "digest" not in header.split(",")
     assert sent_marker(fake_upstream).split("]\n", 1)[1].startswith("Notes: ")
     assert summarizer.calls == 1
+
+
+def test_a_redirect_from_the_summarizer_is_not_followed(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    with serve_summarizer() as elsewhere:
+        summarizer.mode, summarizer.redirect_to = "redirect", f"{elsewhere.base_url}/chat/completions"
+        url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline")
+        redirected = metric(url, "gateway_summary_failures_total", reason="status_3xx")
+        header, _, _ = ask(url, conversation(30))
+        # The conversation went to the configured summarizer only; its 307 is a failure.
+        assert summarizer.calls == 1 and elsewhere.calls == 0
+        assert "digest" in header.split(",") and "summary" not in header.split(",")
+        assert metric(url, "gateway_summary_failures_total", reason="status_3xx") == redirected + 1
 
 
 @pytest.mark.parametrize("mode", ["fail", "refuse", "garbage", "long", "slow"])
