@@ -5,7 +5,7 @@ values and canaries the conversation states), in order of appearance, so a
 test or the benchmark sees which facts crossed. Modes, set on the instance:
 
     ok        200 with that summary
-    slow      the same after `delay` seconds
+    slow      the same after `delay` seconds (unless the caller hangs up first)
     fail      500 with OpenAI's server_error body
     refuse    200 whose message is a refusal (content null)
     garbage   200 whose body is not JSON
@@ -82,8 +82,8 @@ def create_app(fake: FakeSummarizer) -> Starlette:
             fake.bodies.append(body)
         if fake.mode == "redirect":
             return Response(status_code=307, headers={"location": fake.redirect_to})
-        if fake.mode == "slow":
-            await asyncio.sleep(fake.delay)
+        if fake.mode == "slow" and not await answer_after(request, fake.delay):
+            return Response(status_code=499)  # the caller gave up: nobody reads this
         with fake.lock:
             fake.answered += 1
         if fake.mode == "fail":
@@ -118,6 +118,18 @@ def create_app(fake: FakeSummarizer) -> Starlette:
         return JSONResponse(answer)
 
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+async def answer_after(request: Request, seconds: float) -> bool:
+    """Wait `seconds`; False as soon as the caller has hung up. Like a real API, it stops then:
+    a hanging call ends with the gateway's timeout, not at server shutdown."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while loop.time() < until:
+        if await request.is_disconnected():
+            return False
+        await asyncio.sleep(min(0.05, max(0.0, until - loop.time())))
+    return True
 
 
 async def in_pieces(data: bytes, pause: float, pieces: int = 4) -> AsyncIterator[bytes]:

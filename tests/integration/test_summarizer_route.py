@@ -150,6 +150,53 @@ def test_a_redirect_from_the_summarizer_is_not_followed(
         assert metric(url, "gateway_summary_failures_total", reason="status_3xx") == redirected + 1
 
 
+def agent_conversation(turns: int, steps: int) -> list[dict[str, Any]]:
+    """Earlier turns, then an agent's tool steps: a fit drops a span of each."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(turns):
+        messages += [
+            {"role": "user", "content": f"Task K-{turn:03d}: fix m{turn}.py. " + "Background. " * 60},
+            {"role": "assistant", "content": f"Fixed K-{turn:03d}. " + "Explanation. " * 60},
+        ]
+    messages.append({"role": "user", "content": "Now run the test suite and fix what fails."})
+    for step in range(steps):
+        call = {"name": "read_file", "arguments": json.dumps({"path": f"src/f{step}.py"})}
+        messages += [
+            {
+                "role": "assistant",
+                "content": f"Step {step}.",
+                "tool_calls": [{"id": f"call_{step}", "type": "function", "function": call}],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{step}",
+                "content": f"src/f{step}.py: value={step * 7}. " + "Output. " * 60,
+            },
+        ]
+    return messages
+
+
+def test_inline_mode_waits_one_timeout_for_all_the_spans_of_a_request(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = "slow", 60.0  # never answers in time
+    timeout = 5.0
+    url = start(
+        start_gateway,
+        summarizer,
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
+        GATEWAY_COMPRESSION_SUMMARIZER_TIMEOUT=str(timeout),
+    )
+    started = time.monotonic()
+    header, _, _ = ask(url, agent_conversation(30, 30))
+    waited = time.monotonic() - started
+    assert summarizer.calls == 2  # two spans dropped, a summary asked for each
+    assert "digest" in header.split(",") and "summary" not in header.split(",")
+    # One deadline for the request: the two waits overlap rather than add up to 2 x timeout.
+    assert timeout <= waited < 2 * timeout - 1
+
+
 @pytest.mark.parametrize("mode", ["fail", "refuse", "garbage", "long", "slow"])
 def test_any_summarizer_failure_falls_back_to_the_digest(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer, mode: str
