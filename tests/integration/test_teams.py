@@ -4,6 +4,7 @@ replicas, the 429 shapes and headers, exact stream accounting, the team cap, usa
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import socket
@@ -726,6 +727,69 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
     assert [request.path for request in fake_upstream.received] == ["/v1/audio/transcriptions", "/v1/files"]
 
 
+def test_no_encoding_or_spelling_slips_a_model_past_the_team_list(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """Bodies a lenient upstream reads as JSON though orjson cannot (a byte order mark, UTF-16:
+    Python's parser, which FastAPI servers use whatever the content type, takes both), compressed
+    bodies, and a model named in the query string (Realtime calls) all reached a model the team's
+    list forbids. They are refused; a raw body naming no model still passes."""
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-*"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    plain = json.dumps({"model": "gpt-5-forbidden", "input": "hi"})
+    attempts = {
+        "bom": httpx.post(url + "/embeddings", content=b"\xef\xbb\xbf" + plain.encode(), headers=auth),
+        "utf-16": httpx.post(url + "/embeddings", content=plain.encode("utf-16"), headers=auth),
+        "gzip": httpx.post(
+            url + "/embeddings",
+            content=gzip.compress(plain.encode()),
+            headers={**auth, "content-type": "text/plain", "content-encoding": "gzip"},
+        ),
+        "query": httpx.post(
+            url + "/realtime/calls?model=gpt-5-forbidden",
+            content=b"v=0\r\n",
+            headers={**auth, "content-type": "application/sdp"},
+        ),
+    }
+    assert fake_upstream.received == []  # each refused by the gateway, none relayed
+    refusals = {
+        name: (answer.status_code, answer.json()["error"]["param"]) for name, answer in attempts.items()
+    }
+    assert refusals == {
+        "bom": (400, None),
+        "utf-16": (400, None),
+        "gzip": (415, "content-encoding"),
+        "query": (404, "model"),
+    }
+    sdp = httpx.post(
+        url + "/realtime/calls?model=text-embedding-3-small",
+        content=b"v=0\r\n",
+        headers={**auth, "content-type": "application/sdp"},
+    )
+    assert sdp.status_code == 404 and fake_upstream.received[-1].body == b"v=0\r\n"  # reached the upstream
+
+
+def test_another_spelling_of_a_prompt_route_is_that_route(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """`/v1//chat/completions` or a trailing slash went out as pass-through: no token limit, no
+    cap, no compression, while nginx in front of an upstream (merging slashes) served it as chat
+    completions. Such a spelling is the route itself, limits and usage included."""
+    url = start_team_gateway(start_gateway, None, team_name(), limits={"tokens_per_day": 200})
+    origin = url.removesuffix("/v1")
+    body = {"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    paths = ["/v1//chat/completions", "/v1/chat/completions/", "//v1/chat//completions//"]
+    answers = [httpx.post(origin + path, json=body, headers=headers) for path in paths]
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert all("x-gateway-prompt-tokens-before" in answer.headers for answer in answers)
+    assert [request.path for request in fake_upstream.received] == ["/v1/chat/completions"] * 3
+    while (answer := httpx.post(origin + paths[0], json=body, headers=headers)).status_code == 200:
+        assert len(fake_upstream.received) < 50
+    assert answer.status_code == 429 and answer.json()["error"]["code"] == "insufficient_quota"
+    assert httpx.post(origin + paths[1], json=body, headers=headers).status_code == 429
+
+
 def test_a_pass_through_body_naming_its_model_twice_is_refused_for_a_team_with_a_list(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
@@ -772,7 +836,7 @@ def test_a_large_upload_is_judged_as_it_streams_and_a_refused_one_never_arrives_
         assert refused.status_code == 404 and "gpt-5-forbidden" in refused.json()["error"]["message"]
         assert fake_upstream.requests_to("/v1/files") == []
     # Refused at its first line, the upload was never held, by the gateway or (unsent) upstream.
-    assert held < len(content) / 4
+    assert held < len(content) / 2  # read whole, it was held three times over
     allowed_file = "\n".join(lines).encode()
     upload = httpx.Request("POST", url, data={"purpose": "batch"}, files={"file": ("in.jsonl", allowed_file)})
     headers["content-type"] = upload.headers["content-type"]
