@@ -20,11 +20,16 @@ import httpx
 import openai
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from gateway.cli import main
 from gateway.policy.keys import hash_key
 from gateway.policy.limits import RedisLimits, Usage
 from tests.conftest import GatewayFactory
+from tests.fakes.serve import serve_in_thread
 from tests.fakes.upstream import FakeUpstream
 from tests.metrics import metric
 
@@ -767,6 +772,37 @@ def test_no_encoding_or_spelling_slips_a_model_past_the_team_list(
         headers={**auth, "content-type": "application/sdp"},
     )
     assert sdp.status_code == 404 and fake_upstream.received[-1].body == b"v=0\r\n"  # reached the upstream
+
+
+def test_a_usage_no_model_could_spend_is_not_charged(start_gateway: GatewayFactory, redis_url: str) -> None:
+    """An upstream (or anything posing as one) reporting 2**64 - 1 prompt tokens set the team's
+    day to 1.8e19 in Redis: every later request that day answered 429, and the settlement
+    script failed on the number. Such a count is not usage: the gateway's own count stands."""
+    absurd = {"prompt_tokens": 2**64 - 1, "completion_tokens": 5, "total_tokens": 4}
+
+    async def completions(request: Request) -> JSONResponse:
+        answer = {"role": "assistant", "content": "ok"}
+        choice = {"index": 0, "message": answer, "finish_reason": "stop"}
+        return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice], "usage": absurd})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    with serve_in_thread(app) as upstream:
+        team = team_name()
+        teams = {team: {"keys": [hash_key(KEY)], "limits": {"tokens_per_day": 100_000}}}
+        url = start_gateway(
+            GATEWAY_UPSTREAM_BASE_URL=upstream + "/v1",
+            GATEWAY_TEAMS=json.dumps(teams),
+            GATEWAY_REDIS_URL=redis_url,
+            GATEWAY_WINDOWS_DISCOVERY="false",
+        )
+        body = {"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        answers = [httpx.post(url + "/chat/completions", json=body, headers=headers) for _ in range(3)]
+        wait_for(lambda: sum(usage.requests for usage in recorded_usage(redis_url, team).values()) == 3)
+        after = httpx.post(url + "/chat/completions", json=body, headers=headers)
+    assert [answer.status_code for answer in [*answers, after]] == [200] * 4
+    [usage] = recorded_usage(redis_url, team).values()
+    assert 0 < usage.prompt < 100 and usage.completion < 100  # the gateway's own count of "hi"
 
 
 def test_another_spelling_of_a_prompt_route_is_that_route(
