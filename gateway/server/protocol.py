@@ -14,6 +14,11 @@ What uvicorn 0.5x offers and why it is not enough here (read from its source):
   headers or the silence inside a body (slowloris). Here ``header_timeout`` bounds the time
   from a request's first byte (or the connection's start) to the end of its headers, and
   ``body_timeout`` the silence between two pieces of its body; either answers 408 and closes.
+  A body dripped a byte at a time beats any bound on silence (20 connections, one byte every
+  2 s each, held every slot of a gateway for as long as they liked), so after ``body_timeout``
+  a body must also average ``body_min_rate`` bytes a second: each byte received extends its
+  time by 1/rate, as Apache's mod_reqtimeout MinRate does. Time the gateway itself held the
+  body (reading paused) restarts both clocks.
 
 Its refusals, and what the parser refuses (uvicorn answers that in plain text), are JSON in the
 route's error shape. An upgrade offer (`Upgrade: h2c`, sent by curl --http2 on http://) makes
@@ -58,6 +63,7 @@ class ConnectionLimits:
     max_header_bytes: int
     header_timeout: float
     body_timeout: float
+    body_min_rate: float  # bytes per second; 0: no floor
 
 
 def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
@@ -84,6 +90,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _body_progress = 0.0
+    _body_started = 0.0
+    _body_received = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
@@ -156,11 +164,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is not None:
             extensions: dict[str, object] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             extensions[CLIENT_GONE] = self._gone_check(self.cycle)
-        self._body_progress = self.loop.time()
+        self._body_progress = self._body_started = self.loop.time()
+        self._body_received = 0
         self._body_timer = self.loop.call_later(self.limits.body_timeout, self._check_body)
 
     def on_body(self, body: bytes) -> None:
         self._body_progress = self.loop.time()
+        self._body_received += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -224,12 +234,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         now = self.loop.time()
         if self.flow.read_paused:
             # Reading is paused because the gateway has not taken the body yet: not the client's delay.
-            self._body_progress = now
-        due = self._body_progress + self.limits.body_timeout
-        if now < due:
-            self._body_timer = self.loop.call_at(due, self._check_body)
-        else:
+            self._body_progress = self._body_started = now
+            self._body_received = 0
+        silent_due = self._body_progress + self.limits.body_timeout
+        rate_due = (
+            self._body_started + self.limits.body_timeout + self._body_received / self.limits.body_min_rate
+            if self.limits.body_min_rate
+            else silent_due
+        )
+        if now < min(silent_due, rate_due):
+            self._body_timer = self.loop.call_at(min(silent_due, rate_due), self._check_body)
+        elif now >= silent_due:
             self._refuse(408, "The request body stalled: nothing arrived for too long.")
+        else:
+            self._refuse(408, "The request body arrived too slowly.")
 
     def _cancel_timers(self) -> None:
         for timer in (self._header_timer, self._body_timer):

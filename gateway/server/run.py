@@ -162,6 +162,7 @@ def server_options(server: ServerSettings, open_file_limit: int | None = None) -
         max_header_bytes=server.max_header_bytes,
         header_timeout=server.header_timeout,
         body_timeout=server.body_timeout,
+        body_min_rate=server.body_min_rate,
     )
     return {
         "http": limited_protocol(limits),
