@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-CHART = Path(__file__).resolve().parents[2] / "helm" / "context-gateway"
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "context-gateway"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 DASHBOARD = CHART / "dashboards" / "context-gateway.json"
 # The oldest Kubernetes the chart claims (Chart.yaml kubeVersion) and a recent one.
@@ -35,9 +36,9 @@ helm = _require("helm_python")
 kubernetes_validate = _require("kubernetes_validate")
 
 
-def _render(values: dict[str, Any]) -> list[dict[str, Any]]:
+def _render(values: dict[str, Any], release: str = "gw", namespace: str = "platform") -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
-        rendered: dict[str, str] = chart.render(values, name="gw", namespace="platform", is_install=True)
+        rendered: dict[str, str] = chart.render(values, name=release, namespace=namespace, is_install=True)
     objects = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
@@ -159,27 +160,78 @@ def test_service_monitor_scrapes_the_service_metrics_port() -> None:
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
 
 
-def test_dashboard_config_map_carries_the_dashboard_file_for_the_grafana_sidecar() -> None:
-    objects = _render(_full_values())
+def _dashboard_from_config_map(objects: list[dict[str, Any]]) -> Any:
     dashboard_map = next(
         o for o in objects if o["kind"] == "ConfigMap" and "context-gateway.json" in o["data"]
     )
     assert dashboard_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(dashboard_map["data"]["context-gateway.json"]) == json.loads(DASHBOARD.read_text())
+    return json.loads(dashboard_map["data"]["context-gateway.json"])
 
 
-def test_dashboard_queries_only_metrics_the_gateway_exports() -> None:
-    from prometheus_client import REGISTRY
-
-    import gateway.metrics  # noqa: F401  (registers the collectors)
-
-    exported = {metric.name for metric in REGISTRY.collect()}
+def test_dashboard_config_map_carries_the_dashboard_file_for_the_grafana_sidecar() -> None:
+    shipped = _dashboard_from_config_map(_render(_full_values()))
     dashboard = json.loads(DASHBOARD.read_text())
-    expressions = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
-    assert expressions
-    used = {
-        re.sub(r"_(bucket|count|sum|total)$", "", name)
-        for e in expressions
-        for name in re.findall(r"gateway_\w+", e)
+    assert {k: v for k, v in shipped.items() if k not in ("uid", "title")} == {
+        k: v for k, v in dashboard.items() if k not in ("uid", "title")
     }
-    assert used <= exported, used - exported
+
+
+def test_each_release_ships_its_own_dashboard_uid_and_title() -> None:
+    values = {"grafanaDashboard": {"enabled": True}}
+    dashboards = [
+        _dashboard_from_config_map(_render(values, release=release, namespace=namespace))
+        for release, namespace in (("gw", "platform"), ("gw-canary", "platform"), ("gw", "staging"))
+    ]
+    # Grafana keys dashboards by uid (at most 40 characters) and refuses a title twice in a folder.
+    assert len({d["uid"] for d in dashboards}) == len({d["title"] for d in dashboards}) == 3
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,40}", d["uid"]) for d in dashboards)
+    long_name = _dashboard_from_config_map(_render(values, release="r" * 53))
+    assert len(long_name["uid"]) <= 40
+    chosen = _dashboard_from_config_map(
+        _render({"grafanaDashboard": {"enabled": True, "uid": "llm-gateway"}})
+    )
+    assert chosen["uid"] == "llm-gateway"
+
+
+# Labels Prometheus gives every series from the scrape target (the ServiceMonitor's among them).
+TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
+
+
+def _panels(panels: list[dict[str, Any]]) -> Any:
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def test_dashboard_queries_only_metrics_and_labels_the_gateway_exports() -> None:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    import gateway.metrics
+
+    # Declared label names, known before any series exists (a scrape shows only labels in use).
+    label_names = {
+        metric._name: set(metric._labelnames)
+        for metric in vars(gateway.metrics).values()
+        if isinstance(metric, MetricWrapperBase)
+    }
+    dashboard = json.loads(DASHBOARD.read_text())
+    targets = [t for p in _panels(dashboard["panels"]) for t in p.get("targets", [])]
+    targets += [{"expr": v["definition"]} for v in dashboard["templating"]["list"] if "definition" in v]
+    assert targets
+    for target in targets:
+        expr = target["expr"]
+        series = re.findall(r"gateway_\w+", expr)
+        assert series, expr
+        grouped = {
+            name.strip() for group in re.findall(r"\bby \(([^)]*)\)", expr) for name in group.split(",")
+        }
+        matched = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", expr))
+        legend = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")))
+        for name in series:
+            family = re.sub(r"_(bucket|count|sum|total)$", "", name)
+            assert family in label_names, f"{name} is not a metric the gateway exports"
+            known = label_names[family] | TARGET_LABELS | ({"le"} if name.endswith("_bucket") else set())
+            assert grouped | matched <= known, (expr, (grouped | matched) - known)
+        # After an aggregation only its by-labels are left for the legend to show.
+        if re.search(r"\b(sum|avg|min|max|count)\b", expr):
+            assert legend <= grouped, (expr, legend - grouped)
