@@ -7,6 +7,7 @@ mode so a misspelled field fails. Both come with the ``deploy`` extra (.ci/run i
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import os
@@ -54,6 +55,51 @@ def _full_values() -> dict[str, Any]:
 
 def _by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["kind"]: obj for obj in objects if obj["kind"] != "ConfigMap"}
+
+
+def _pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = _by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+    return pod
+
+
+def _env(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (container,) = _pod(objects)["containers"]
+    return {entry["name"]: entry for entry in container["env"]}
+
+
+def _refusal(values: dict[str, Any]) -> str:
+    """The message of the chart's refusal to render ``values``."""
+    with pytest.raises(helm.HelmError) as refused:
+        _render(values)
+    return str(refused.value)
+
+
+def _gateway_settings(objects: list[dict[str, Any]], tmp_path: Path) -> Any:
+    """What the gateway in the rendered pod starts with: its config file, its environment (secrets
+    read from the chart's Secret) and its --host/--port, through the gateway's own loader, which
+    raises ConfigError where the real process would exit."""
+    from gateway.settings import load_settings
+
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "gateway.yaml" in o["data"])
+    config_file = tmp_path / "gateway.yaml"
+    config_file.write_text(config_map["data"]["gateway.yaml"])
+    secret = _by_kind(objects).get("Secret", {"metadata": {"name": None}})
+    secret_data = secret.get("data") or {}
+    (container,) = _pod(objects)["containers"]
+    environ = {}
+    for entry in container["env"]:
+        if "value" in entry:
+            environ[entry["name"]] = entry["value"]
+            continue
+        ref = entry["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"], (
+            f"{entry['name']} is read from a Secret not rendered"
+        )
+        environ[entry["name"]] = base64.b64decode(secret_data[ref["key"]]).decode()
+    environ["GATEWAY_CONFIG"] = str(config_file)
+    args = container["args"]
+    overrides = {"host": args[args.index("--host") + 1], "port": int(args[args.index("--port") + 1])}
+    return load_settings(None, environ, server_overrides=overrides)
 
 
 @pytest.mark.parametrize("values_name", ["default", "full"])
@@ -130,22 +176,100 @@ def test_secrets_reach_the_gateway_by_environment_never_through_the_config_map()
         e["name"]: e
         for e in _by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    for name, key in (
-        ("GATEWAY_UPSTREAM_API_KEY", "upstream-api-key"),
-        ("GATEWAY_REDIS_URL", "redis-url"),
-        ("GATEWAY_TEAMS", "teams"),
+    expected = {
+        "GATEWAY_UPSTREAM_API_KEY": "upstream-api-key",
+        "GATEWAY_UPSTREAM_ANTHROPIC_API_KEY": "anthropic-api-key",
+        "GATEWAY_COMPRESSION_SUMMARIZER_API_KEY": "summarizer-api-key",
+        "GATEWAY_REDIS_URL": "redis-url",
+        "GATEWAY_TEAMS": "teams",
+    }
+    refs = {name: e["valueFrom"]["secretKeyRef"] for name, e in env.items() if "valueFrom" in e}
+    assert {name: ref["key"] for name, ref in refs.items()} == expected
+    # Each key the pod reads is one the Secret holds, and required.
+    assert secret["data"].keys() == set(expected.values())
+    for ref in refs.values():
+        assert (ref["name"], ref["optional"]) == (secret["metadata"]["name"], False)
+
+
+def test_the_pod_reads_only_the_secret_keys_the_chart_wrote(tmp_path: Path) -> None:
+    objects = _render({})
+    assert not _by_kind(objects)["Secret"].get("data")
+    assert not [e for e in _env(objects).values() if "valueFrom" in e]
+    settings = _gateway_settings(objects, tmp_path)
+    assert (settings.upstream.api_key, settings.redis_url, settings.teams) == (None, None, {})
+
+    full = _gateway_settings(_render(_full_values()), tmp_path)
+    secrets = _full_values()["secrets"]
+    assert full.upstream.api_key == secrets["upstreamApiKey"]
+    assert full.upstream.anthropic_api_key == secrets["anthropicApiKey"]
+    assert full.compression.summarizer.api_key == secrets["summarizerApiKey"]
+    assert full.redis_url == secrets["redisUrl"]
+    assert full.teams.keys() == secrets["teams"].keys()
+
+
+def test_secrets_in_the_config_map_are_refused_naming_the_secret_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_schema = schema["properties"]["gateway"]["properties"]["config"]
+    for path, secret_value in (
+        (("upstream", "api_key"), "secrets.upstreamApiKey"),
+        (("upstream", "anthropic_api_key"), "secrets.anthropicApiKey"),
+        (("compression", "summarizer", "api_key"), "secrets.summarizerApiKey"),
+        (("teams",), "secrets.teams"),
+        (("redis_url",), "secrets.redisUrl"),
     ):
-        ref = env[name]["valueFrom"]["secretKeyRef"]
-        assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], key)
-        assert key in secret["data"]
+        config: Any = {"a-team": {"keys": []}} if path == ("teams",) else "sk-or-url"
+        for key in reversed(path):
+            config = {key: config}
+        with pytest.raises(helm.HelmError, match="/gateway/config/" + "/".join(path)):
+            _render({"gateway": {"config": config}})
+        refusal = config_schema
+        for key in path:
+            refusal = refusal["properties"][key]
+        assert secret_value in refusal["description"]
 
 
-def test_an_existing_secret_replaces_the_chart_secret() -> None:
+def test_redis_url_can_come_from_another_secret(tmp_path: Path) -> None:
+    objects = _render({"secrets": {"redisUrlSecretRef": {"name": "redis-auth", "key": "url"}}})
+    ref = _env(objects)["GATEWAY_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "redis-auth", "key": "url", "optional": False}
+    both = {"redisUrl": "redis://r:6379/0", "redisUrlSecretRef": {"name": "redis-auth", "key": "url"}}
+    assert "redisUrlSecretRef" in _refusal({"secrets": both})
+    with pytest.raises(helm.HelmError):
+        _render({"secrets": {"redisUrlSecretRef": {"name": "redis-auth"}}})
+
+
+def test_an_existing_secret_replaces_the_chart_secret_and_its_keys_are_required() -> None:
     objects = _render({"secrets": {"existingSecret": "platform-llm-keys"}})
     assert "Secret" not in _by_kind(objects)
-    env = _by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e}
-    assert refs == {"platform-llm-keys"}
+    refs = {name: e["valueFrom"]["secretKeyRef"] for name, e in _env(objects).items() if "valueFrom" in e}
+    assert refs.keys() == {"GATEWAY_UPSTREAM_API_KEY", "GATEWAY_REDIS_URL", "GATEWAY_TEAMS"}
+    # A misspelled Secret or a missing teams key stops the pod rather than start it unauthenticated.
+    assert {(ref["name"], ref["optional"]) for ref in refs.values()} == {("platform-llm-keys", False)}
+
+    listed = {"existingSecret": "platform-llm-keys", "existingSecretKeys": ["teams", "summarizerApiKey"]}
+    refs = {
+        name: e["valueFrom"]["secretKeyRef"]
+        for name, e in _env(_render({"secrets": listed})).items()
+        if "valueFrom" in e
+    }
+    assert {name: ref["key"] for name, ref in refs.items()} == {
+        "GATEWAY_TEAMS": "teams",
+        "GATEWAY_COMPRESSION_SUMMARIZER_API_KEY": "summarizer-api-key",
+    }
+    with pytest.raises(helm.HelmError):
+        _render({"secrets": {"existingSecret": "keys", "existingSecretKeys": ["upstreamKey"]}})
+
+
+def test_inline_secrets_beside_an_existing_secret_are_refused_not_dropped() -> None:
+    for entry, value in (
+        ("upstreamApiKey", "sk-x"),
+        ("anthropicApiKey", "sk-ant-x"),
+        ("summarizerApiKey", "sk-x"),
+        ("redisUrl", "redis://r:6379/0"),
+        ("teams", {"a": {"keys": ["sha256:" + "1" * 64]}}),
+    ):
+        refusal = _refusal({"secrets": {"existingSecret": "platform-llm-keys", entry: value}})
+        assert f"secrets.{entry}" in refusal and "existingSecret" in refusal
 
 
 def test_service_monitor_scrapes_the_service_metrics_port() -> None:
