@@ -102,6 +102,13 @@ def _gateway_settings(objects: list[dict[str, Any]], tmp_path: Path) -> Any:
     return load_settings(None, environ, server_overrides=overrides)
 
 
+def _readme_yaml_block_after(marker: str) -> Any:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", readme[readme.index(marker) :], re.DOTALL)
+    assert block is not None, f"no yaml block after {marker!r} in README.md"
+    return yaml.safe_load(block.group(1))
+
+
 @pytest.mark.parametrize("values_name", ["default", "full"])
 def test_chart_lints_clean(values_name: str) -> None:
     values = {} if values_name == "default" else _full_values()
@@ -359,3 +366,59 @@ def test_dashboard_queries_only_metrics_and_labels_the_gateway_exports() -> None
         # After an aggregation only its by-labels are left for the legend to show.
         if re.search(r"\b(sum|avg|min|max|count)\b", expr):
             assert legend <= grouped, (expr, legend - grouped)
+
+
+# A copy of README's "minimal values file", checked equal to it below: the file users start from.
+README_MINIMAL_VALUES = """
+gateway:
+  config:
+    upstream:
+      base_url: https://llm.internal.example.com/v1
+secrets:
+  upstreamApiKey: sk-...
+  redisUrl: redis://redis-master.platform.svc:6379/0
+  teams:
+    platform:
+      keys: ["sha256:d13a8a46df0f12ac1e3b3f2d09e8a01252bf1624a036bb7c39e64c42940ef698"]
+serviceMonitor:
+  enabled: true
+"""
+
+
+def test_readme_minimal_values_render_a_pod_the_gateway_starts_in(tmp_path: Path) -> None:
+    values = yaml.safe_load(README_MINIMAL_VALUES)
+    assert _readme_yaml_block_after("values file:") == values
+    objects = _render(values)
+    for obj in objects:
+        if obj["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)
+    settings = _gateway_settings(objects, tmp_path)  # raises ConfigError where the gateway would exit
+    assert (
+        settings.server.host == "0.0.0.0" and settings.upstream.api_key == values["secrets"]["upstreamApiKey"]
+    )
+    assert settings.teams.keys() == {"platform"}
+
+
+def test_an_upstream_key_without_gateway_keys_is_refused_at_render_as_the_gateway_would(
+    tmp_path: Path,
+) -> None:
+    from gateway.settings import ConfigError
+
+    for key_entry in ("upstreamApiKey", "anthropicApiKey"):
+        open_relay: dict[str, Any] = {"secrets": {key_entry: "sk-x"}}
+        assert "secrets.teams" in _refusal(open_relay)
+        # What the chart stops is what the gateway refuses: the same pod with the check taken out.
+        allowed = {**open_relay, "gateway": {"config": {"server": {"allow_unauthenticated": True}}}}
+        objects = _render(allowed)
+        assert _gateway_settings(objects, tmp_path).server.allow_unauthenticated is True
+        config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "gateway.yaml" in o["data"])
+        config_map["data"]["gateway.yaml"] = "{}"
+        with pytest.raises(ConfigError, match="open relay"):
+            _gateway_settings(objects, tmp_path)
+    # Gateway keys from an existing Secret, or from extraEnv, count as teams.
+    _render({"secrets": {"existingSecret": "keys", "existingSecretKeys": ["upstreamApiKey", "teams"]}})
+    assert "teams" in _refusal(
+        {"secrets": {"existingSecret": "keys", "existingSecretKeys": ["upstreamApiKey"]}}
+    )
+    teams_env = {"name": "GATEWAY_TEAMS", "valueFrom": {"secretKeyRef": {"name": "teams", "key": "json"}}}
+    _render({"secrets": {"upstreamApiKey": "sk-x"}, "gateway": {"extraEnv": [teams_env]}})

@@ -64,12 +64,22 @@ With existingSecret, the entries existingSecretKeys lists; else the inline value
 {{- toJson $held -}}
 {{- end -}}
 
+{{/* extraEnv by name, as JSON: the checks and the env list look names up in it. */}}
+{{- define "context-gateway.extraEnvByName" -}}
+{{- $byName := dict -}}
+{{- range .Values.gateway.extraEnv -}}
+{{- $_ := set $byName .name . -}}
+{{- end -}}
+{{- toJson $byName -}}
+{{- end -}}
+
 {{/*
 Combinations values.schema.json cannot express. Each refusal names the values to change: a
 chart that renders is one the gateway (and Kubernetes) will run.
 */}}
 {{- define "context-gateway.checks" -}}
 {{- $secrets := .Values.secrets -}}
+{{- $extraEnv := include "context-gateway.extraEnvByName" . | fromJson -}}
 {{- $entries := include "context-gateway.secretEntries" . | fromJson -}}
 {{- /* Inline values beside existingSecret would otherwise be dropped without a word. */ -}}
 {{- if $secrets.existingSecret -}}
@@ -83,5 +93,15 @@ chart that renders is one the gateway (and Kubernetes) will run.
 {{- if hasKey $entries "redisUrl" -}}
 {{- fail "secrets.redisUrlSecretRef and secrets.redisUrl (or redisUrl in secrets.existingSecretKeys) both name the Redis URL: keep one" -}}
 {{- end -}}
+{{- end -}}
+{{- /* The gateway refuses an upstream key without gateway keys on 0.0.0.0: an open relay. */ -}}
+{{- $upstreamKey := or (hasKey $entries "upstreamApiKey") (hasKey $entries "anthropicApiKey") (hasKey $extraEnv "GATEWAY_UPSTREAM_API_KEY") (hasKey $extraEnv "GATEWAY_UPSTREAM_ANTHROPIC_API_KEY") -}}
+{{- $teams := or (hasKey $entries "teams") (hasKey $extraEnv "GATEWAY_TEAMS") -}}
+{{- $allowUnauthenticated := dig "server" "allow_unauthenticated" false .Values.gateway.config -}}
+{{- with get $extraEnv "GATEWAY_SERVER_ALLOW_UNAUTHENTICATED" -}}
+{{- $allowUnauthenticated = has (lower (toString (.value | default ""))) (list "1" "true" "yes" "on") -}}
+{{- end -}}
+{{- if and $upstreamKey (not $teams) (not $allowUnauthenticated) -}}
+{{- fail "an upstream key is set (secrets.upstreamApiKey or anthropicApiKey) but no teams: the gateway would refuse to start, as anyone reaching it could spend that key. Add secrets.teams (gateway keys: context-gateway keys new prints one and its hash), list teams in secrets.existingSecretKeys, or set gateway.config.server.allow_unauthenticated: true if an open relay is what you mean" -}}
 {{- end -}}
 {{- end -}}
