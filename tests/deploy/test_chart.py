@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -422,3 +423,65 @@ def test_an_upstream_key_without_gateway_keys_is_refused_at_render_as_the_gatewa
     )
     teams_env = {"name": "GATEWAY_TEAMS", "valueFrom": {"secretKeyRef": {"name": "teams", "key": "json"}}}
     _render({"secrets": {"upstreamApiKey": "sk-x"}, "gateway": {"extraEnv": [teams_env]}})
+
+
+def test_extra_env_replaces_the_chart_entry_and_the_termination_grace_follows_it() -> None:
+    values = _full_values()
+    baseline = _pod(_render(values))
+    margin = baseline["terminationGracePeriodSeconds"] - values["preStopSleepSeconds"]
+    margin -= values["gateway"]["shutdownGraceSeconds"]
+    redis_from_elsewhere = {
+        "name": "GATEWAY_REDIS_URL",
+        "valueFrom": {"secretKeyRef": {"name": "r", "key": "u"}},
+    }
+    grace = {"name": "GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS", "value": "120.5"}
+    values["gateway"]["extraEnv"] += [redis_from_elsewhere, grace]
+    pod = _pod(_render(values))
+    names = [e["name"] for e in pod["containers"][0]["env"]]
+    assert len(names) == len(set(names)), names  # a name twice breaks helm upgrade's merge
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["GATEWAY_REDIS_URL"] == redis_from_elsewhere
+    assert env["GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS"] == grace
+    assert pod["terminationGracePeriodSeconds"] == values["preStopSleepSeconds"] + math.ceil(120.5) + margin
+    # A grace the chart cannot read leaves it no termination grace to compute.
+    values["gateway"]["extraEnv"][-1] = {
+        "name": "GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS",
+        "valueFrom": {"configMapKeyRef": {"name": "c", "key": "grace"}},
+    }
+    assert "gateway.shutdownGraceSeconds" in _refusal(values)
+
+
+def test_server_keys_the_chart_sets_are_refused_in_the_config_naming_the_value_to_use() -> None:
+    for key, instead in (
+        ("workers", "gateway.workers"),
+        ("log_format", "gateway.logFormat"),
+        ("shutdown_grace_seconds", "gateway.shutdownGraceSeconds"),
+        ("keep_alive_timeout", "gateway.keepAliveTimeoutSeconds"),
+        ("host", "0.0.0.0"),
+        ("port", "service.port"),
+    ):
+        refusal = _refusal({"gateway": {"config": {"server": {key: "1"}}}})
+        assert f"gateway.config.server.{key}" in refusal and instead in refusal
+    # Other server keys are the config file's to set.
+    _render({"gateway": {"config": {"server": {"log_level": "debug", "max_body_bytes": 1048576}}}})
+
+
+def test_every_variable_the_chart_sets_is_one_the_gateway_reads() -> None:
+    from gateway.settings import CONFIG_ENV, environment_names
+
+    known = {*environment_names(), CONFIG_ENV}
+    for values in ({}, _full_values(), {"secrets": {"existingSecret": "keys"}}):
+        extra_names = {e["name"] for e in values.get("gateway", {}).get("extraEnv", [])}
+        chart_names = set(_env(_render(values))) - extra_names
+        assert chart_names <= known, chart_names - known
+
+
+def test_idle_connections_outlast_the_load_balancer_idle_timeout(tmp_path: Path) -> None:
+    # ingress-nginx's upstream keep-alive and AWS ALB's idle timeout are both 60 s by default: the
+    # gateway must not close a connection they still mean to reuse.
+    settings = _gateway_settings(_render({}), tmp_path)
+    assert settings.server.keep_alive_timeout > 60
+    full = _gateway_settings(_render(_full_values()), tmp_path)
+    assert full.server.keep_alive_timeout == _full_values()["gateway"]["keepAliveTimeoutSeconds"]
+    with pytest.raises(helm.HelmError):
+        _render({"gateway": {"keepAliveTimeoutSeconds": 0}})

@@ -74,6 +74,27 @@ With existingSecret, the entries existingSecretKeys lists; else the inline value
 {{- end -}}
 
 {{/*
+The shutdown grace the gateway will use: extraEnv's GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS when
+it sets one, else gateway.shutdownGraceSeconds; whole seconds, rounded up.
+*/}}
+{{- define "context-gateway.shutdownGraceSeconds" -}}
+{{- $extraEnv := include "context-gateway.extraEnvByName" . | fromJson -}}
+{{- $override := get $extraEnv "GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS" -}}
+{{- if $override -}}
+{{- if not (hasKey $override "value") -}}
+{{- fail "gateway.extraEnv: GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS must be a plain value (the pod's termination grace is computed from it); or set gateway.shutdownGraceSeconds" -}}
+{{- end -}}
+{{- $value := toString $override.value -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $value) -}}
+{{- fail (printf "gateway.extraEnv: GATEWAY_SERVER_SHUTDOWN_GRACE_SECONDS must be a number of seconds, got %q" $value) -}}
+{{- end -}}
+{{- ceil (float64 $value) | int -}}
+{{- else -}}
+{{- .Values.gateway.shutdownGraceSeconds -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Combinations values.schema.json cannot express. Each refusal names the values to change: a
 chart that renders is one the gateway (and Kubernetes) will run.
 */}}
@@ -103,5 +124,12 @@ chart that renders is one the gateway (and Kubernetes) will run.
 {{- end -}}
 {{- if and $upstreamKey (not $teams) (not $allowUnauthenticated) -}}
 {{- fail "an upstream key is set (secrets.upstreamApiKey or anthropicApiKey) but no teams: the gateway would refuse to start, as anyone reaching it could spend that key. Add secrets.teams (gateway keys: context-gateway keys new prints one and its hash), list teams in secrets.existingSecretKeys, or set gateway.config.server.allow_unauthenticated: true if an open relay is what you mean" -}}
+{{- end -}}
+{{- /* The chart sets these from its own values; the environment would override the file silently. */ -}}
+{{- $chartOwned := dict "workers" "gateway.workers" "log_format" "gateway.logFormat" "shutdown_grace_seconds" "gateway.shutdownGraceSeconds" "keep_alive_timeout" "gateway.keepAliveTimeoutSeconds" "host" "the chart (it listens on 0.0.0.0)" "port" "service.port (the container listens on 8080)" -}}
+{{- range $key, $instead := $chartOwned -}}
+{{- if hasKey ($.Values.gateway.config.server | default dict) $key -}}
+{{- fail (printf "gateway.config.server.%s is set by the chart and would be ignored: use %s" $key $instead) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
