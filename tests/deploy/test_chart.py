@@ -485,3 +485,16 @@ def test_idle_connections_outlast_the_load_balancer_idle_timeout(tmp_path: Path)
     assert full.server.keep_alive_timeout == _full_values()["gateway"]["keepAliveTimeoutSeconds"]
     with pytest.raises(helm.HelmError):
         _render({"gateway": {"keepAliveTimeoutSeconds": 0}})
+
+
+def test_ingress_example_passes_whole_bodies_and_streams_unbuffered() -> None:
+    from gateway.settings import ServerSettings
+
+    annotations = _by_kind(_render(_full_values()))["Ingress"]["metadata"]["annotations"]
+    prefix = "nginx.ingress.kubernetes.io/"
+    assert annotations[prefix + "proxy-buffering"] == "off"
+    assert annotations[prefix + "proxy-request-buffering"] == "off"
+    size = re.fullmatch(r"([0-9]+)([kmg]?)", annotations[prefix + "proxy-body-size"])
+    assert size is not None
+    body_bytes = int(size.group(1)) * 1024 ** " kmg".index(size.group(2) or " ")
+    assert body_bytes >= ServerSettings().max_body_bytes
