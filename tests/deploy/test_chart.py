@@ -142,9 +142,52 @@ def test_values_outside_the_schema_are_refused() -> None:
         {"replicaCount": "two"},
         {"gatway": {}},  # a typo of a top-level key
         {"secrets": {"redisUrl": "http://not-redis"}},
+        {"resources": {"limit": {"cpu": "1"}}},  # typos in closed objects
+        {"resources": {"limits": {"cpus": "1"}}},
+        {"resources": {"requests": {"memory": "lots"}}},
+        {"ingress": {"tls": [{"hosts": ["gw.example.com"], "secretname": "tls"}]}},
+        {"serviceMonitor": {"interval": "30 s"}},
+        {"grafanaDashboard": {"uid": "x" * 41}},  # Grafana's uid limit
     ):
         with pytest.raises(helm.HelmError):
             _render(bad)
+
+
+def test_resources_accept_extended_and_hugepage_names() -> None:
+    limits = {"cpu": "2", "memory": "1Gi", "hugepages-2Mi": "64Mi", "example.com/accelerator": 1}
+    (container,) = _pod(_render({"resources": {"limits": limits}}))["containers"]
+    assert container["resources"]["limits"] == limits
+
+
+def test_workers_bounds_are_the_gateway_own() -> None:
+    from gateway.settings import MAX_WORKERS
+
+    for workers in (1, MAX_WORKERS, str(MAX_WORKERS), "7"):
+        assert _env(_render({"gateway": {"workers": workers}}))["GATEWAY_SERVER_WORKERS"]["value"] == str(
+            workers
+        )
+    for workers in (MAX_WORKERS + 1, str(MAX_WORKERS + 1), "999", -1, "Auto", "2.5"):
+        with pytest.raises(helm.HelmError):
+            _render({"gateway": {"workers": workers}})
+
+
+def test_workers_auto_needs_a_cpu_limit_to_count() -> None:
+    for workers in ("auto", 0, "0"):
+        assert "resources.limits.cpu" in _refusal({"gateway": {"workers": workers}})
+        with_limit = {"gateway": {"workers": workers}, "resources": {"limits": {"cpu": "2"}}}
+        assert _env(_render(with_limit))["GATEWAY_SERVER_WORKERS"]["value"] == str(workers)
+
+
+def test_inconsistent_scaling_and_scrape_settings_are_refused() -> None:
+    assert "maxReplicas" in _refusal({"autoscaling": {"minReplicas": 5, "maxReplicas": 3}})
+    # The HPA is off: its bounds are not used.
+    _render({"autoscaling": {"enabled": False, "minReplicas": 5, "maxReplicas": 3}})
+    monitor = {"enabled": True, "interval": "1m", "scrapeTimeout": "1m0s500ms"}
+    assert "scrapeTimeout" in _refusal({"serviceMonitor": monitor})
+    # Compound durations count in full: 1m30s is 90s, and 90s is not longer than it.
+    monitor = {"enabled": True, "interval": "1m30s", "scrapeTimeout": "90s"}
+    (endpoint,) = _by_kind(_render({"serviceMonitor": monitor}))["ServiceMonitor"]["spec"]["endpoints"]
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("1m30s", "90s")
 
 
 def test_pods_run_locked_down_and_drain_before_they_are_killed() -> None:
@@ -167,9 +210,31 @@ def test_pods_run_locked_down_and_drain_before_they_are_killed() -> None:
         str(values["preStopSleepSeconds"]),
     ]
     assert pod["terminationGracePeriodSeconds"] > grace + values["preStopSleepSeconds"]
-    # The HPA owns the replica count; the writable scratch dir is the only one.
+    # The HPA owns the replica count; the scratch dir is the only writable mount.
     assert "replicas" not in deployment["spec"]
-    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/etc/context-gateway", "/tmp"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts.keys() == {"/etc/context-gateway", "/tmp"} | {
+        m["mountPath"] for m in values["extraVolumeMounts"]
+    }
+    assert all(m.get("readOnly") for path, m in mounts.items() if path != "/tmp")
+    assert {v["name"] for v in pod["volumes"]} == {"config", "tmp"} | {
+        v["name"] for v in values["extraVolumes"]
+    }
+    assert pod["priorityClassName"] == values["priorityClassName"]
+
+
+def test_security_contexts_can_be_replaced_and_default_to_locked_down() -> None:
+    default_pod = _pod(_render({}))
+    assert default_pod["securityContext"]["runAsUser"] == 10001
+    assert default_pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    # Helm merges these with the defaults: a key set to null is dropped.
+    pod_context = {"runAsUser": 20002, "fsGroup": None}
+    container_context = {"readOnlyRootFilesystem": False}
+    pod = _pod(_render({"podSecurityContext": pod_context, "securityContext": container_context}))
+    assert pod["securityContext"]["runAsUser"] == 20002 and "fsGroup" not in pod["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
+    assert pod["containers"][0]["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
 def test_secrets_reach_the_gateway_by_environment_never_through_the_config_map() -> None:

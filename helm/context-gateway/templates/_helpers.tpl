@@ -94,6 +94,17 @@ it sets one, else gateway.shutdownGraceSeconds; whole seconds, rounded up.
 {{- end -}}
 {{- end -}}
 
+{{/* A Prometheus duration (1m30s, 500ms) in milliseconds. */}}
+{{- define "context-gateway.durationMillis" -}}
+{{- $millisPerUnit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 -}}
+{{- $unit := regexFind "(ms|s|m|h)$" . -}}
+{{- $total = add $total (mul (trimSuffix $unit . | int) (get $millisPerUnit $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
 {{/*
 Combinations values.schema.json cannot express. Each refusal names the values to change: a
 chart that renders is one the gateway (and Kubernetes) will run.
@@ -130,6 +141,22 @@ chart that renders is one the gateway (and Kubernetes) will run.
 {{- range $key, $instead := $chartOwned -}}
 {{- if hasKey ($.Values.gateway.config.server | default dict) $key -}}
 {{- fail (printf "gateway.config.server.%s is set by the chart and would be ignored: use %s" $key $instead) -}}
+{{- end -}}
+{{- end -}}
+{{- /* auto counts the CPUs the container may use: without a limit, every CPU of the node. */ -}}
+{{- if has (toString .Values.gateway.workers) (list "auto" "0") -}}
+{{- if not (dig "limits" "cpu" "" .Values.resources) -}}
+{{- fail "gateway.workers auto (or 0) starts one worker per CPU the container may use: set resources.limits.cpu, or a number of workers" -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
+{{- fail (printf "autoscaling.minReplicas (%v) is above autoscaling.maxReplicas (%v)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- if .Values.serviceMonitor.enabled -}}
+{{- $interval := include "context-gateway.durationMillis" .Values.serviceMonitor.interval | int -}}
+{{- $timeout := include "context-gateway.durationMillis" .Values.serviceMonitor.scrapeTimeout | int -}}
+{{- if lt $interval $timeout -}}
+{{- fail (printf "serviceMonitor.scrapeTimeout (%s) is longer than serviceMonitor.interval (%s): Prometheus refuses such a scrape config" .Values.serviceMonitor.scrapeTimeout .Values.serviceMonitor.interval) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
