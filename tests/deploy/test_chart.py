@@ -563,3 +563,10 @@ def test_ingress_example_passes_whole_bodies_and_streams_unbuffered() -> None:
     assert size is not None
     body_bytes = int(size.group(1)) * 1024 ** " kmg".index(size.group(2) or " ")
     assert body_bytes >= ServerSettings().max_body_bytes
+
+
+def test_notes_tell_how_to_roll_pods_after_an_existing_secret_changes() -> None:
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render({"secrets": {"existingSecret": "keys"}}, name="gw", namespace="platform")
+    notes = next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+    assert "kubectl -n platform rollout restart deployment/gw-context-gateway" in notes
