@@ -3,6 +3,8 @@
 helm-python-sdk embeds Helm's Go engine (no helm binary, no cluster); kubernetes-validate checks
 each rendered object against the Kubernetes OpenAPI schemas it bundles (offline), in strict
 mode so a misspelled field fails. Both come with the ``deploy`` extra (.ci/run installs it).
+Where what the pod would start with matters, its rendered config file and environment go through
+the gateway's own settings loader, so a chart that renders is one the gateway accepts.
 """
 
 from __future__ import annotations
