@@ -572,3 +572,20 @@ def test_notes_tell_how_to_roll_pods_after_an_existing_secret_changes() -> None:
         rendered = chart.render({"secrets": {"existingSecret": "keys"}}, name="gw", namespace="platform")
     notes = next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
     assert "kubectl -n platform rollout restart deployment/gw-context-gateway" in notes
+
+
+def test_notes_warn_that_team_limits_multiply_without_redis() -> None:
+    """Without Redis each worker of each pod holds a team's whole budget (two workers admitted
+    6 requests a minute for a limit of 3): the install notes say so, and stop saying it once a
+    Redis URL is given."""
+    teams = {"platform": {"keys": ["sha256:" + "ab" * 32], "limits": {"requests_per_minute": 3}}}
+    with helm.Chart.load(CHART) as chart:
+        alone = chart.render({"secrets": {"teams": teams}}, name="gw", namespace="platform")
+        shared = chart.render(
+            {"secrets": {"teams": teams, "redisUrl": "redis://redis:6379/0"}}, name="gw", namespace="platform"
+        )
+    notes = [
+        next(text for path, text in out.items() if path.endswith("NOTES.txt")) for out in (alone, shared)
+    ]
+    assert "team budgets" in notes[0] and "once per worker and once per pod" in notes[0]
+    assert "team budgets" not in notes[1]
