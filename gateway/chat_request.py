@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import orjson
+from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
@@ -87,14 +88,14 @@ PARSERS: dict[str, IncrementalParser] = {}
 
 def parse_chat_request(
     raw: bytes,
-    headers: Mapping[str, str],
+    headers: Headers,
     *,
     validate: Validator = validate_chat_body,
     wire: WireFormat = CHAT,
 ) -> ChatRequest:
     """Parse and validate a body of `wire`'s format (chat completions unless told otherwise),
     reusing the parsed head of its conversation's previous body (`wire/incremental.py`)."""
-    _check_codings(headers)
+    check_codings(headers)
     parser = PARSERS.get(wire.name)
     if parser is None:
         parser = PARSERS[wire.name] = IncrementalParser(wire.prompt_field)
@@ -117,20 +118,25 @@ def parse_chat_request(
     )
 
 
-def _check_codings(headers: Mapping[str, str]) -> None:
+def check_codings(headers: Headers) -> None:
     """The gateway reads, counts and may rewrite a prompt body: it must arrive as plain bytes. A
     compressed one would read as invalid JSON, and a body labelled compressed but sent plain
-    would go upstream, rewritten, under a label that no longer holds."""
-    coding = headers.get("content-encoding", "").strip().lower()
-    if coding not in ("", "identity"):
+    would go upstream, rewritten, under a label that no longer holds. Every line of each header
+    counts: an `identity` line before a `gzip` one once hid it."""
+    codings = _header_tokens(headers, "content-encoding")
+    if unread := [coding for coding in codings if coding not in ("", "identity")]:
         raise GatewayError(
             415,
-            f"Content-Encoding {coding[:40]!r} is not supported on this route: send the body uncompressed.",
+            f"Content-Encoding {unread[0][:40]!r} is not supported on this route: "
+            "send the body uncompressed.",
             param="content-encoding",
         )
-    transfer = [part.strip() for part in headers.get("transfer-encoding", "").lower().split(",")]
-    if any(part not in ("", "chunked", "identity") for part in transfer):
+    if any(part not in ("", "chunked", "identity") for part in _header_tokens(headers, "transfer-encoding")):
         raise GatewayError(501, "Only the chunked Transfer-Encoding is supported.", param="transfer-encoding")
+
+
+def _header_tokens(headers: Headers, name: str) -> list[str]:
+    return [part.strip().lower() for line in headers.getlist(name) for part in line.split(",")]
 
 
 def compression_mode(headers: Mapping[str, str]) -> CompressionMode:

@@ -36,6 +36,9 @@ _ROUTES = {
     "/readyz": "readyz",
     "/metrics": "metrics",
 }
+# Set in the scope by the server's protocol when it refuses a request the app is reading (a body
+# that stalled): the status the client got, where the app itself only saw the connection close.
+REFUSED_STATUS = "gateway.refused_status"
 # Probes and scrapes arrive every few seconds from every kubelet and Prometheus: counted, not logged.
 _UNLOGGED_ROUTES = {"healthz", "readyz", "metrics"}
 
@@ -76,8 +79,9 @@ class RequestGuard:
         except ClientDisconnect:
             # The client hung up (while sending its body, or while the gateway worked): nobody is
             # left to answer.
-            log.info("client disconnected before its answer (request %s)", request_id)
-            status = 499
+            status = scope.get(REFUSED_STATUS, 499)
+            if status == 499:
+                log.info("client disconnected before its answer (request %s)", request_id)
         except Exception as exc:
             log.error(
                 "unhandled %s on %s %s (request %s)",

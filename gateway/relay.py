@@ -31,6 +31,10 @@ TAIL_LIMIT = 128 * 1024
 ErrorEvent = Callable[[str, str], bytes]  # (message, code) -> one SSE event in the API's own shape
 
 
+# Larger counts are garbage, not usage: no model has a billion-token window.
+MAX_REPORTED_TOKENS = 1_000_000_000
+
+
 def sse_error_event(message: str, code: str) -> bytes:
     """An OpenAI-style error event: the SDKs raise it as an APIError instead of hanging."""
     return b"data: " + error_body(message, type="server_error", code=code) + b"\n\n"
@@ -185,13 +189,20 @@ def prompt_tokens(usage: object) -> int | None:
     """The prompt tokens a usage object reports, cached ones included."""
     if not isinstance(usage, dict):
         return None
-    value = usage.get("prompt_tokens", usage.get("input_tokens"))
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    value = reported_count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    if value is None:
         return None
     for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
-        extra = usage.get(cached)
-        if isinstance(extra, int) and not isinstance(extra, bool) and extra > 0:
-            value += extra
+        value += reported_count(usage.get(cached)) or 0
+    return value
+
+
+def reported_count(value: object) -> int | None:
+    """A token count an answer reports, or None when it is none: not an integer, negative, or
+    beyond any model's reach (one answer reporting 2**64 tokens once set a team's day to
+    1.8e19, answered every later request 429, and broke the Redis settlement script)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_REPORTED_TOKENS:
+        return None
     return value
 
 

@@ -1,4 +1,5 @@
-"""Request paths: refused when unsafe, sent upstream as the client encoded them.
+"""Request paths: refused when unsafe, sent upstream as the client encoded them (another
+spelling of a prompt route, with repeated or trailing slashes, is routed and sent as that route).
 
 A path that could name another resource once some server on the way decodes or normalises
 it — dot segments (``..``, ``%2e%2e``), encoded separators (``%2f``, ``%5c``), backslashes,
@@ -18,6 +19,9 @@ from gateway.log_safety import printable
 
 # Percent-escapes of "/" and "\": decoded by some server on the way, they change the path.
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
+# The routes whose bodies the gateway reads, counts and fits (gateway/app.py).
+PROMPT_PATHS = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/responses"})
+_REPEATED_SLASHES = re.compile(r"//+")
 _LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 # RFC 3986 pchar plus "/" and "%" (escapes are kept as sent): everything else is escaped.
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
@@ -58,4 +62,14 @@ class PathGuard:
                 )
                 await error.response()(scope, receive, send)
                 return
+            if (canonical := prompt_route_alias(scope["path"])) is not None:
+                scope = {**scope, "path": canonical, "raw_path": canonical.encode()}
         await self.app(scope, receive, send)
+
+
+def prompt_route_alias(path: str) -> str | None:
+    """The prompt route a path is another spelling of (`/v1//chat/completions`, a trailing
+    slash), or None. Relayed as pass-through, such a path skipped every token limit, cap and
+    compression, while the upstream (nginx merges slashes by default) served it as the route."""
+    canonical = _REPEATED_SLASHES.sub("/", path).rstrip("/")
+    return canonical if canonical != path and canonical in PROMPT_PATHS else None

@@ -79,6 +79,8 @@ class ServerSettings:
     header_timeout: float = 15.0
     # Longest silence, in seconds, inside a request body.
     body_timeout: float = 60.0
+    # Slowest a body may arrive once `body_timeout` has passed (bytes per second; 0: no floor).
+    body_min_rate: float = 1024.0
     # Seconds an idle keep-alive connection stays open between requests.
     keep_alive_timeout: float = 5.0
 

@@ -47,11 +47,31 @@ def models_named(body: bytes, content_type: str) -> list[str]:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
-        if "json" in media or body.lstrip()[:1] in (b"{", b"["):
+        if "json" in media or body.lstrip()[:1] in (b"{", b"[") or _lenient_json(body):
             raise GatewayError(400, "The request body is not valid JSON.") from None
         return []  # neither JSON nor a form: raw bytes, which name no model
     refuse_duplicate_keys(body)
     return _named(payload, "model")
+
+
+def _lenient_json(body: bytes) -> bool:
+    """Whether a lenient upstream could read the body as JSON where orjson cannot: Python's
+    parser (FastAPI servers such as vLLM read any content type with it) takes a byte order mark,
+    UTF-16 and UTF-32, NaN and Infinity. Such a body could name a model the list never saw."""
+    try:
+        json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def query_models(query_string: bytes) -> list[str]:
+    """The `model` parameters of a query string (OpenAI's Realtime calls name the model there)."""
+    return [
+        value
+        for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
+        if name == "model"
+    ]
 
 
 def media_type(content_type: str) -> str:

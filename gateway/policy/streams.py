@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.policy.limits import Usage
-from gateway.relay import prompt_tokens, usage_of
+from gateway.relay import prompt_tokens, reported_count, usage_of
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')
@@ -199,6 +199,5 @@ def _count(usage: dict[str, Any], *names: str) -> int | None:
     """The first of `names` the usage states, as a count."""
     for name in names:
         if name in usage:
-            value = usage[name]
-            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+            return reported_count(usage[name])
     return None

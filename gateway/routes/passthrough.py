@@ -20,12 +20,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from yarl import URL
 
-from gateway.chat_request import body_too_large, read_body
+from gateway.chat_request import body_too_large, check_codings, read_body
 from gateway.errors import GatewayError
 from gateway.policy.answers import without_rate_limits
 from gateway.policy.batch_input import creates_batch, input_file_id, input_file_models
 from gateway.policy.enforcer import Team
-from gateway.policy.named_models import MULTIPART, FormScan, media_type, models_named
+from gateway.policy.named_models import MULTIPART, FormScan, media_type, models_named, query_models
 from gateway.proxy_headers import client_query, to_client, to_upstream, upstream_query
 from gateway.relay import RelayStream
 from gateway.request_path import upstream_path
@@ -62,6 +62,10 @@ async def relay_unchanged(
     limit = runtime.settings.server.max_passthrough_body_bytes
     body: bytes | _Upload | None
     content_type = request.headers.get("content-type", "")
+    if team is not None and team.settings.models is not None:
+        check_codings(request.headers)  # a compressed body's models cannot be read
+        for model in query_models(request.scope["query_string"]):
+            runtime.policy.check_model(team, model)
     if team is not None and team.settings.models is not None and media_type(content_type) == MULTIPART:
         # An upload: its models are read as it streams on (gateway.policy.named_models.FormScan).
         scan = _TeamFormScan(

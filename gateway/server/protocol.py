@@ -14,6 +14,11 @@ What uvicorn 0.5x offers and why it is not enough here (read from its source):
   headers or the silence inside a body (slowloris). Here ``header_timeout`` bounds the time
   from a request's first byte (or the connection's start) to the end of its headers, and
   ``body_timeout`` the silence between two pieces of its body; either answers 408 and closes.
+  A body dripped a byte at a time beats any bound on silence (20 connections, one byte every
+  2 s each, held every slot of a gateway for as long as they liked), so after ``body_timeout``
+  a body must also average ``body_min_rate`` bytes a second: each byte received extends its
+  time by 1/rate, as Apache's mod_reqtimeout MinRate does. Time the gateway itself held the
+  body (reading paused) restarts both clocks.
 
 Its refusals, and what the parser refuses (uvicorn answers that in plain text), are JSON in the
 route's error shape. An upgrade offer (`Upgrade: h2c`, sent by curl --http2 on http://) makes
@@ -43,7 +48,12 @@ from typing import ClassVar
 from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway import metrics
 from gateway.errors import anthropic_error_body, anthropic_error_type, anthropic_path, error_body
+from gateway.log_safety import printable
+from gateway.middleware import REFUSED_STATUS, route_label
+from gateway.proxy_headers import GATEWAY_REQUEST_ID, new_request_id
+from gateway.request_log import RequestLines, RequestRecord
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _TOO_LARGE = "The request's headers are larger than the gateway accepts."
@@ -58,21 +68,25 @@ class ConnectionLimits:
     max_header_bytes: int
     header_timeout: float
     body_timeout: float
+    body_min_rate: float  # bytes per second; 0: no floor
 
 
-def limited_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
-    """A protocol class for one server: the limits and the idle-connection registry are its own."""
+def limited_protocol(limits: ConnectionLimits, lines: RequestLines) -> type[HttpToolsProtocol]:
+    """A protocol class for one server: the limits and the idle-connection registry are its own;
+    `lines` writes the log line of each request it refuses before the app sees it."""
 
     class Protocol(LimitedHttpToolsProtocol):
         pass
 
     Protocol.limits = limits
     Protocol.idle = OrderedDict()
+    Protocol.lines = lines
     return Protocol
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
+    lines: ClassVar[RequestLines]
     # Connections with no request under way, oldest first: the ones to close when full.
     idle: ClassVar[OrderedDict[LimitedHttpToolsProtocol, None]]
 
@@ -84,6 +98,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _body_progress = 0.0
+    _body_started = 0.0
+    _body_received = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
@@ -156,11 +172,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is not None:
             extensions: dict[str, object] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             extensions[CLIENT_GONE] = self._gone_check(self.cycle)
-        self._body_progress = self.loop.time()
+        self._body_progress = self._body_started = self.loop.time()
+        self._body_received = 0
         self._body_timer = self.loop.call_later(self.limits.body_timeout, self._check_body)
 
     def on_body(self, body: bytes) -> None:
         self._body_progress = self.loop.time()
+        self._body_received += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -224,12 +242,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         now = self.loop.time()
         if self.flow.read_paused:
             # Reading is paused because the gateway has not taken the body yet: not the client's delay.
-            self._body_progress = now
-        due = self._body_progress + self.limits.body_timeout
-        if now < due:
-            self._body_timer = self.loop.call_at(due, self._check_body)
-        else:
+            self._body_progress = self._body_started = now
+            self._body_received = 0
+        silent_due = self._body_progress + self.limits.body_timeout
+        rate_due = (
+            self._body_started + self.limits.body_timeout + self._body_received / self.limits.body_min_rate
+            if self.limits.body_min_rate
+            else silent_due
+        )
+        if now < min(silent_due, rate_due):
+            self._body_timer = self.loop.call_at(min(silent_due, rate_due), self._check_body)
+        elif now >= silent_due:
             self._refuse(408, "The request body stalled: nothing arrived for too long.")
+        else:
+            self._refuse(408, "The request body arrived too slowly.")
 
     def _cancel_timers(self) -> None:
         for timer in (self._header_timer, self._body_timer):
@@ -242,26 +268,45 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` (unless an answer has started) and close the connection."""
         self._refusal = status
-        if self.cycle is not None and not self.cycle.response_complete and self.cycle.response_started:
-            self.transport.close()
-        else:
-            self._write_refusal(status, message)
+        if self.cycle is not None and not self.cycle.response_complete:
+            # The app has the request: its guard counts and logs it, with this status.
+            self.scope[REFUSED_STATUS] = status  # type: ignore[literal-required]
+            if self.cycle.response_started:
+                self.transport.close()
+                return
+        self._write_refusal(status, message)
 
     def _write_refusal(self, status: int, message: str) -> None:
         self._refusal = status
         self._cancel_timers()
         if self.transport.is_closing():
             return
-        if anthropic_path(self.url.partition(b"?")[0].decode("latin-1")):
+        path = self.url.partition(b"?")[0].decode("latin-1")
+        if anthropic_path(path):
             body = anthropic_error_body(message, anthropic_error_type(status))
         else:
             body = error_body(message, type="invalid_request_error", code="request_rejected")
+        request_id = self._account_refusal(status, path)
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n" % (status, _REASONS[status], len(body))
+            b"%s: %s\r\nconnection: close\r\n\r\n"
+            % (status, _REASONS[status], len(body), GATEWAY_REQUEST_ID.encode(), request_id.encode())
         )
         self.transport.write(head + body)
         self.transport.close()
+
+    def _account_refusal(self, status: int, path: str) -> str:
+        """A refusal the app never saw (headers too large or too slow, HTTP it cannot parse) is
+        counted and logged as every answer is; an operator sees the attack in the metrics."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            return str(self.scope.get("state", {}).get("request_id", ""))  # the app's guard has it
+        # The parser states a method once the request line is read (the url with it), else none.
+        method = self.parser.get_method().decode("latin-1") if self.url else "-"
+        record = RequestRecord(new_request_id(), printable(method, 16), route_label(path))
+        record.status = status
+        metrics.REQUESTS.labels(record.route, metrics.status_class(status)).inc()
+        self.lines.write(record)
+        return record.request_id
 
 
 class RequestRefused(Exception):

@@ -33,7 +33,7 @@ from starlette.applications import Starlette
 from uvicorn.supervisors import Multiprocess
 
 from gateway.metrics import MULTIPROC_DIR_ENV, process_gone
-from gateway.request_log import logging_config
+from gateway.request_log import RequestLines, logging_config
 from gateway.server.cpus import worker_count
 from gateway.server.protocol import ConnectionLimits, limited_protocol
 from gateway.settings import CONFIG_ENV, ServerSettings, Settings, load_settings
@@ -162,9 +162,10 @@ def server_options(server: ServerSettings, open_file_limit: int | None = None) -
         max_header_bytes=server.max_header_bytes,
         header_timeout=server.header_timeout,
         body_timeout=server.body_timeout,
+        body_min_rate=server.body_min_rate,
     )
     return {
-        "http": limited_protocol(limits),
+        "http": limited_protocol(limits, RequestLines(server.log_format)),
         "ws": "none",
         "timeout_keep_alive": server.keep_alive_timeout,
     }

@@ -1,13 +1,27 @@
+"""Process-local store: the default when no Redis is configured.
+
+Bounded as a cache is: every model name a client sends leaves a discovery record, every dropped
+span a summary, so an unbounded dict grew with each new name (20,000 invented model names left
+13,569 records behind, expired ones included, while `windows.max_models` was 100). Past
+MAX_ENTRIES entries or MAX_CHARS characters of keys and values, the least recently used go, as
+Redis evicts under `maxmemory-policy allkeys-lru`; what is lost is learned again or recomputed.
+"""
+
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+
+MAX_ENTRIES = 10_000
+MAX_CHARS = 16 * 1024 * 1024
 
 
 class MemoryStore:
-    """Process-local store: the default when no Redis is configured."""
-
-    def __init__(self) -> None:
-        self._values: dict[str, tuple[str, float | None]] = {}
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
+        self._values: OrderedDict[str, tuple[str, float | None]] = OrderedDict()
+        self._chars = 0
+        self._max_entries = max_entries
+        self._max_chars = max_chars
 
     async def get(self, key: str) -> str | None:
         entry = self._values.get(key)
@@ -15,13 +29,18 @@ class MemoryStore:
             return None
         value, expires_at = entry
         if expires_at is not None and expires_at <= time.monotonic():
-            del self._values[key]
+            self._discard(key)
             return None
+        self._values.move_to_end(key)
         return value
 
     async def set(self, key: str, value: str, ttl_seconds: int | None = None) -> None:
         expires_at = time.monotonic() + ttl_seconds if ttl_seconds else None
+        self._discard(key)
         self._values[key] = (value, expires_at)
+        self._chars += len(key) + len(value)
+        while len(self._values) > self._max_entries or self._chars > self._max_chars:
+            self._discard(next(iter(self._values)))
 
     async def add(self, key: str, value: str, ttl_seconds: int) -> bool:
         if await self.get(key) is not None:
@@ -31,10 +50,10 @@ class MemoryStore:
 
     async def remove_if(self, key: str, value: str) -> None:
         if await self.get(key) == value:
-            del self._values[key]
+            self._discard(key)
 
     async def delete(self, key: str) -> bool:
-        return self._values.pop(key, None) is not None
+        return self._discard(key)
 
     async def keys(self, prefix: str, limit: int) -> list[str]:
         live = [
@@ -47,3 +66,11 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._values.clear()
+        self._chars = 0
+
+    def _discard(self, key: str) -> bool:
+        entry = self._values.pop(key, None)
+        if entry is None:
+            return False
+        self._chars -= len(key) + len(entry[0])
+        return True

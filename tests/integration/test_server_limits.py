@@ -151,8 +151,37 @@ def test_stalled_body_answers_408_and_the_request_is_not_forwarded(
     assert fake_upstream.received == []
 
 
+def test_a_body_dripped_below_the_minimum_rate_answers_408(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """A byte every 0.1 s is never silent for the body timeout: 20 such connections held every
+    slot of a gateway for as long as they liked. Past the timeout a body must keep a rate."""
+    base = start_gateway(GATEWAY_SERVER_BODY_TIMEOUT="0.5", GATEWAY_SERVER_BODY_MIN_RATE="100")
+    body = orjson.dumps({**CHAT, "user": "x" * 500})
+    with _connect(base) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body)
+        )
+        sock.settimeout(0.1)
+        response = b""
+        for byte in body:  # sent whole, this takes 50 s
+            try:
+                sock.sendall(bytes([byte]))
+                response += sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if response:
+                break
+    assert _status(response) == 408
+    assert b"too slowly" in response
+    assert fake_upstream.received == []
+
+
 def test_slow_but_steady_body_is_served(fake_upstream: FakeUpstream, start_gateway: GatewayFactory) -> None:
-    base = start_gateway(GATEWAY_SERVER_BODY_TIMEOUT="0.5")
+    base = start_gateway(GATEWAY_SERVER_BODY_TIMEOUT="0.5", GATEWAY_SERVER_BODY_MIN_RATE="50")
     request = _chat_request()
     head, body = request.split(b"\r\n\r\n", 1)
     with _connect(base) as sock:

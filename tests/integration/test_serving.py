@@ -7,8 +7,10 @@ the workers share a real Redis. What the tests read is what an operator sees: HT
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -355,5 +357,59 @@ def test_a_worker_killed_outright_leaves_no_requests_in_flight_behind(
         while not _ready(server.origin) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert metric(server.origin, "gateway_requests_in_flight") == idle
+    finally:
+        servers.stop(server)
+
+
+def _raw_exchange(origin: str, request: bytes, then: bytes = b"") -> bytes:
+    """Send `request` (then, after a pause, `then`) on a fresh connection; all the server answers."""
+    host, port = origin.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        if then:
+            time.sleep(1.0)
+            with contextlib.suppress(OSError):
+                sock.sendall(then)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def test_requests_the_server_refuses_are_counted_logged_and_identified(
+    tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    """Headers too large, HTTP that cannot be parsed and a body that stalls are answered by the
+    server before (or beside) the app: they went uncounted, unlogged and without a request id,
+    and the stalled body was logged as the client's hang-up (499). An operator under attack
+    saw nothing."""
+    server = _serve(
+        tmp_path,
+        fake_upstream,
+        GATEWAY_SERVER_LOG_FORMAT="json",
+        GATEWAY_SERVER_MAX_HEADER_BYTES="8192",
+        GATEWAY_SERVER_BODY_TIMEOUT="0.5",
+    )
+    try:
+        before = metric(server.origin, "gateway_requests_total", status="4xx")
+        chat = b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
+        answers = [
+            _raw_exchange(
+                server.origin, chat + b"x-pad: " + b"a" * 9000 + b"\r\ncontent-length: 2\r\n\r\n{}"
+            ),
+            _raw_exchange(server.origin, b"GARBAGE / HTTP/1.1\r\n\r\n"),
+            _raw_exchange(server.origin, chat + b"content-length: 100\r\n\r\n{", then=b'"model"'),
+        ]
+        statuses = [int(answer.split(b" ", 2)[1]) for answer in answers]
+        assert statuses == [431, 400, 408]
+        ids = [re.search(rb"x-gateway-request-id: (\w+)", answer) for answer in answers]
+        assert all(found is not None for found in ids)
+        assert metric(server.origin, "gateway_requests_total", status="4xx") - before == 3
+        deadline = time.monotonic() + 10
+        while len(lines := _request_lines(server)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        logged = {line["request_id"]: line["status"] for line in lines}
+        assert [logged.get(found.group(1).decode()) for found in ids if found] == [431, 400, 408]
     finally:
         servers.stop(server)

@@ -45,6 +45,27 @@ async def test_get_set_roundtrip(store: Store) -> None:
     assert await store.get(key) == "value-2"
 
 
+async def test_the_memory_store_stays_bounded_and_keeps_what_is_used() -> None:
+    """Each invented model name left a record behind, without end. Past its bounds the store
+    drops what was used least recently, in entries and in characters alike."""
+    store = MemoryStore(max_entries=100, max_chars=10_000)
+    await store.set("window:learned:gpt-4o", "128000")
+    for n in range(20_000):
+        await store.set(f"window:discovered:invented-{n}", "{}", ttl_seconds=3600)
+        if n % 50 == 0:
+            assert await store.get("window:learned:gpt-4o") == "128000"  # in use: kept
+    assert len(await store.keys("window:", 1_000)) == 100
+    assert await store.get("window:discovered:invented-0") is None
+    await store.set("summary:big", "x" * 9_000)
+    assert len(await store.keys("window:", 1_000)) < 100  # characters count too
+    assert await store.get("summary:big") == "x" * 9_000
+    await store.set("summary:big", "short")  # replaced: its old size no longer counts
+    for n in range(100):
+        await store.set(f"window:discovered:again-{n}", "{}")
+    assert await store.get("summary:big") is None
+    assert len(await store.keys("window:", 1_000)) == 100
+
+
 async def test_ttl_expires(store: Store) -> None:
     key = _key()
     await store.set(key, "short-lived", ttl_seconds=1)

@@ -4,6 +4,7 @@ replicas, the 429 shapes and headers, exact stream accounting, the team cap, usa
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import socket
@@ -19,11 +20,16 @@ import httpx
 import openai
 import pytest
 import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from gateway.cli import main
 from gateway.policy.keys import hash_key
 from gateway.policy.limits import RedisLimits, Usage
 from tests.conftest import GatewayFactory
+from tests.fakes.serve import serve_in_thread
 from tests.fakes.upstream import FakeUpstream
 from tests.metrics import metric
 
@@ -726,6 +732,100 @@ def test_no_body_shape_slips_a_model_past_the_team_list(
     assert [request.path for request in fake_upstream.received] == ["/v1/audio/transcriptions", "/v1/files"]
 
 
+def test_no_encoding_or_spelling_slips_a_model_past_the_team_list(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """Bodies a lenient upstream reads as JSON though orjson cannot (a byte order mark, UTF-16:
+    Python's parser, which FastAPI servers use whatever the content type, takes both), compressed
+    bodies, and a model named in the query string (Realtime calls) all reached a model the team's
+    list forbids. They are refused; a raw body naming no model still passes."""
+    url = start_team_gateway(start_gateway, None, team_name(), models=["text-embedding-3-*"])
+    auth = {"Authorization": f"Bearer {KEY}"}
+    plain = json.dumps({"model": "gpt-5-forbidden", "input": "hi"})
+    attempts = {
+        "bom": httpx.post(url + "/embeddings", content=b"\xef\xbb\xbf" + plain.encode(), headers=auth),
+        "utf-16": httpx.post(url + "/embeddings", content=plain.encode("utf-16"), headers=auth),
+        "gzip": httpx.post(
+            url + "/embeddings",
+            content=gzip.compress(plain.encode()),
+            headers={**auth, "content-type": "text/plain", "content-encoding": "gzip"},
+        ),
+        "query": httpx.post(
+            url + "/realtime/calls?model=gpt-5-forbidden",
+            content=b"v=0\r\n",
+            headers={**auth, "content-type": "application/sdp"},
+        ),
+    }
+    assert fake_upstream.received == []  # each refused by the gateway, none relayed
+    refusals = {
+        name: (answer.status_code, answer.json()["error"]["param"]) for name, answer in attempts.items()
+    }
+    assert refusals == {
+        "bom": (400, None),
+        "utf-16": (400, None),
+        "gzip": (415, "content-encoding"),
+        "query": (404, "model"),
+    }
+    sdp = httpx.post(
+        url + "/realtime/calls?model=text-embedding-3-small",
+        content=b"v=0\r\n",
+        headers={**auth, "content-type": "application/sdp"},
+    )
+    assert sdp.status_code == 404 and fake_upstream.received[-1].body == b"v=0\r\n"  # reached the upstream
+
+
+def test_a_usage_no_model_could_spend_is_not_charged(start_gateway: GatewayFactory, redis_url: str) -> None:
+    """An upstream (or anything posing as one) reporting 2**64 - 1 prompt tokens set the team's
+    day to 1.8e19 in Redis: every later request that day answered 429, and the settlement
+    script failed on the number. Such a count is not usage: the gateway's own count stands."""
+    absurd = {"prompt_tokens": 2**64 - 1, "completion_tokens": 5, "total_tokens": 4}
+
+    async def completions(request: Request) -> JSONResponse:
+        answer = {"role": "assistant", "content": "ok"}
+        choice = {"index": 0, "message": answer, "finish_reason": "stop"}
+        return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice], "usage": absurd})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    with serve_in_thread(app) as upstream:
+        team = team_name()
+        teams = {team: {"keys": [hash_key(KEY)], "limits": {"tokens_per_day": 100_000}}}
+        url = start_gateway(
+            GATEWAY_UPSTREAM_BASE_URL=upstream + "/v1",
+            GATEWAY_TEAMS=json.dumps(teams),
+            GATEWAY_REDIS_URL=redis_url,
+            GATEWAY_WINDOWS_DISCOVERY="false",
+        )
+        body = {"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        answers = [httpx.post(url + "/chat/completions", json=body, headers=headers) for _ in range(3)]
+        wait_for(lambda: sum(usage.requests for usage in recorded_usage(redis_url, team).values()) == 3)
+        after = httpx.post(url + "/chat/completions", json=body, headers=headers)
+    assert [answer.status_code for answer in [*answers, after]] == [200] * 4
+    [usage] = recorded_usage(redis_url, team).values()
+    assert 0 < usage.prompt < 100 and usage.completion < 100  # the gateway's own count of "hi"
+
+
+def test_another_spelling_of_a_prompt_route_is_that_route(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """`/v1//chat/completions` or a trailing slash went out as pass-through: no token limit, no
+    cap, no compression, while nginx in front of an upstream (merging slashes) served it as chat
+    completions. Such a spelling is the route itself, limits and usage included."""
+    url = start_team_gateway(start_gateway, None, team_name(), limits={"tokens_per_day": 200})
+    origin = url.removesuffix("/v1")
+    body = {"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    paths = ["/v1//chat/completions", "/v1/chat/completions/", "//v1/chat//completions//"]
+    answers = [httpx.post(origin + path, json=body, headers=headers) for path in paths]
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert all("x-gateway-prompt-tokens-before" in answer.headers for answer in answers)
+    assert [request.path for request in fake_upstream.received] == ["/v1/chat/completions"] * 3
+    while (answer := httpx.post(origin + paths[0], json=body, headers=headers)).status_code == 200:
+        assert len(fake_upstream.received) < 50
+    assert answer.status_code == 429 and answer.json()["error"]["code"] == "insufficient_quota"
+    assert httpx.post(origin + paths[1], json=body, headers=headers).status_code == 429
+
+
 def test_a_pass_through_body_naming_its_model_twice_is_refused_for_a_team_with_a_list(
     fake_upstream: FakeUpstream, start_gateway: GatewayFactory
 ) -> None:
@@ -772,7 +872,7 @@ def test_a_large_upload_is_judged_as_it_streams_and_a_refused_one_never_arrives_
         assert refused.status_code == 404 and "gpt-5-forbidden" in refused.json()["error"]["message"]
         assert fake_upstream.requests_to("/v1/files") == []
     # Refused at its first line, the upload was never held, by the gateway or (unsent) upstream.
-    assert held < len(content) / 4
+    assert held < len(content) / 2  # read whole, it was held three times over
     allowed_file = "\n".join(lines).encode()
     upload = httpx.Request("POST", url, data={"purpose": "batch"}, files={"file": ("in.jsonl", allowed_file)})
     headers["content-type"] = upload.headers["content-type"]

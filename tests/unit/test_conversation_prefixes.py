@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.datastructures import Headers
 
 import gateway  # noqa: F401  (offline tiktoken cache)
 from gateway.chat_request import parse_chat_request
@@ -198,7 +199,7 @@ def test_the_parse_s_json_spares_the_comparison_writing_it_again(monkeypatch: An
     counter = fresh()
     written: list[Any] = []
     for steps in (30, 31):
-        chat = parse_chat_request(orjson.dumps({"model": "gpt-4o", "messages": agent(steps)}), {})
+        chat = parse_chat_request(orjson.dumps({"model": "gpt-4o", "messages": agent(steps)}), Headers())
         assert chat.encoded is not None
         monkeypatch.setattr(Encoded, "_write_next", written.append)
         lookup = request_lookup(counter, chat.payload, chat.encoded)
@@ -212,7 +213,7 @@ def test_each_wire_format_s_view_takes_the_parse_s_json_where_it_holds_the_parse
     turns = [{"role": role, "content": f"{role} says " * 2000} for role in ("user", "assistant", "user")]
     messages_body = {"model": "claude-sonnet-4-5", "max_tokens": 10, "system": "Be brief.", "messages": turns}
     raw = orjson.dumps(messages_body)
-    chat = parse_chat_request(raw, {}, validate=validate_messages_body, wire=ANTHROPIC)
+    chat = parse_chat_request(raw, Headers(), validate=validate_messages_body, wire=ANTHROPIC)
     # The view puts the system prompt first, then holds the parsed messages themselves.
     assert chat.view_encoded == tuple(orjson.dumps(message) for message in chat.view.messages)
     assert chat.view_encoded is not None and chat.view_encoded[1:] == chat.encoded
@@ -222,6 +223,6 @@ def test_each_wire_format_s_view_takes_the_parse_s_json_where_it_holds_the_parse
     # view writes its own: test_responses_memory.py).
     responses_body = {"model": "gpt-4o", "instructions": "Be brief.", "input": turns}
     chat = parse_chat_request(
-        orjson.dumps(responses_body), {}, validate=validate_responses_body, wire=RESPONSES
+        orjson.dumps(responses_body), Headers(), validate=validate_responses_body, wire=RESPONSES
     )
     assert chat.encoded is not None and chat.view_encoded is None

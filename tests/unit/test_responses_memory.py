@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.datastructures import Headers
 
 import gateway  # noqa: F401  (offline tiktoken cache)
 from gateway.chat_request import parse_chat_request
@@ -56,7 +57,9 @@ def test_a_growing_loop_reuses_its_known_messages_and_their_json_and_counts_exac
     views = []
     for steps in (20, 21, 22):
         payload = loop_body(steps)
-        chat = parse_chat_request(orjson.dumps(payload), {}, validate=validate_responses_body, wire=wire)
+        chat = parse_chat_request(
+            orjson.dumps(payload), Headers(), validate=validate_responses_body, wire=wire
+        )
         same_as_fresh(chat.view, chat.payload)
         lookup = request_lookup(fresh(), chat.view.counted, chat.view_encoded)
         assert fresh().finish_request(chat.view.counted, lookup) == fresh().request(chat.view.counted)
