@@ -38,6 +38,7 @@ import orjson
 from gateway import metrics
 from gateway.compress import ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, span_key
+from gateway.relay import reported_count
 from gateway.settings import SummarizerSettings, UpstreamSettings
 from gateway.store import Store
 from gateway.summarize.prompt import PROMPT_VERSION, summary_request
@@ -241,8 +242,10 @@ class Summarizer:
         usage = answer.get("usage")
         if not isinstance(usage, Mapping):
             return
-        spent = [usage.get(kind) for kind in ("prompt_tokens", "completion_tokens")]
-        prompt, completion = (value if type(value) is int and value >= 0 else 0 for value in spent)
+        # A count no call could spend (2**64 once used up a team's day) is not charged.
+        prompt, completion = (
+            reported_count(usage.get(kind)) or 0 for kind in ("prompt_tokens", "completion_tokens")
+        )
         metrics.SUMMARIZER_TOKENS.labels("prompt").inc(prompt)
         metrics.SUMMARIZER_TOKENS.labels("completion").inc(completion)
         if charge is not None and prompt + completion:

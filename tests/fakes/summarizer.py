@@ -46,6 +46,7 @@ class FakeSummarizer:
     usage: list[dict[str, int]] = field(default_factory=list)  # what each answer reported
     base_url: str = ""
     redirect_to: str = ""
+    reported_usage: dict[str, int] | None = None  # reported instead of the true usage
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -110,7 +111,7 @@ def create_app(fake: FakeSummarizer) -> Starlette:
             "object": "chat.completion",
             "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": spent,
+            "usage": fake.reported_usage or spent,
         }
         if fake.mode == "pieces":
             pieces = in_pieces(orjson.dumps(answer), fake.delay)

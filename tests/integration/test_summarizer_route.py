@@ -357,6 +357,33 @@ def test_a_summary_is_the_usage_of_the_team_whose_request_made_it(
     assert SUMMARIES not in recorded_usage(redis_url, other)
 
 
+def test_a_summarizer_usage_no_call_could_spend_is_not_charged(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer, redis_url: str
+) -> None:
+    """A summarizer reporting 2**64 - 1 prompt tokens set the paying team's day to 1.8e19 in
+    Redis (every later request 429) and broke the settlement script: such a count is not charged."""
+    redis.Redis.from_url(redis_url).flushdb()  # no summary stored by an earlier test
+    fake_upstream.window = WINDOW
+    summarizer.reported_usage = {"prompt_tokens": 2**64 - 1, "completion_tokens": 40, "total_tokens": 39}
+    payer = "t" + uuid.uuid4().hex[:10]
+    teams = {payer: {"keys": [hash_key(PAYER_KEY)], "limits": {"tokens_per_day": 1_000_000}}}
+    url = start(
+        start_gateway,
+        summarizer,
+        GATEWAY_TEAMS=json.dumps(teams),
+        GATEWAY_REDIS_URL=redis_url,
+        GATEWAY_POLICY_STORE_TIMEOUT="2",
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
+    )
+    header, _, _ = ask(url, conversation(30), key=PAYER_KEY)
+    assert "summary" in header.split(",")
+    wait_until(lambda: SUMMARIES in recorded_usage(redis_url, payer))
+    assert recorded_usage(redis_url, payer)[SUMMARIES].prompt == 0
+    assert recorded_usage(redis_url, payer)[SUMMARIES].completion == 40
+    header, _, _ = ask(url, conversation(31), key=PAYER_KEY)  # the team's day is not used up
+    assert header
+
+
 PAYER_KEY = "cgw-payer-team-key-0001"
 OTHER_KEY = "cgw-other-team-key-0002"
 SUMMARIES = "summaries:summarizer-mini"
