@@ -18,8 +18,9 @@ Paid for: a call's usage, as the summarizer reports it, is charged to whoever as
 discarded; a summary found in the store costs nobody anything.
 
 Bounded: the input is fitted to `max_input_tokens` (prompt.py), the output is
-capped at `max_output_tokens`, there is one attempt per span within `timeout`,
-and a summary not shorter than the span it replaces is discarded.
+capped at `max_output_tokens`, there is one attempt per span within `timeout`
+(inline: a request's spans side by side, to one deadline), and a summary not
+shorter than the span it replaces is discarded.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import orjson
 from gateway import metrics
 from gateway.compress import ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, span_key
+from gateway.relay import reported_count
 from gateway.settings import SummarizerSettings, UpstreamSettings
 from gateway.store import Store
 from gateway.summarize.prompt import PROMPT_VERSION, summary_request
@@ -51,6 +53,9 @@ MAX_IN_FLIGHT = 8
 # A span whose summary failed is not tried again for this long (one attempt per span): its
 # requests use the digest. Stored as an empty summary, so every replica knows.
 FAILED_TTL_SECONDS = 600
+# An answer's body is read to its end up to this size: a capped summary is far smaller
+# (max_output_tokens is at most 100k), so a longer body is not a summary.
+MAX_ANSWER_BYTES = 1 << 22
 
 
 # (prompt tokens, completion tokens) of one summarizer call -> recorded for whoever asked.
@@ -111,14 +116,17 @@ class Summarizer:
     async def wait_for(
         self, spans: Iterable[DroppedSpan], model: str, charge: Charge | None = None
     ) -> dict[str, str]:
-        """Inline mode: make (or wait for) each span's summary within the timeout; what came in time."""
-        deadline = time.monotonic() + self.settings.timeout
-        found: dict[str, str] = {}
-        for span in spans:
-            text = await self.make(span, model, wait_until=deadline, charge=charge)
-            if text is not None:
-                found[span.key] = text
-        return found
+        """Inline mode: make (or wait for) the spans' summaries within one timeout; what came in time.
+
+        The spans go side by side to one deadline: each has the whole timeout, and the request
+        waits it once, however many spans its fit dropped.
+        """
+        deadline = asyncio.get_running_loop().time() + self.settings.timeout
+        spans = list(spans)
+        texts = await asyncio.gather(
+            *(self.make(span, model, wait_until=deadline, charge=charge) for span in spans)
+        )
+        return {span.key: text for span, text in zip(spans, texts, strict=True) if text is not None}
 
     async def make(
         self,
@@ -133,7 +141,8 @@ class Summarizer:
         `model` is the conversation's: the span's room is in its tokens.
 
         Without `wait_until` (background), a span another holder is making is
-        left to it. With it (inline), the store is polled until then.
+        left to it and one made here has the timeout. With it (inline: event-loop time), the
+        store is polled until then, and one made here must be done by then.
         """
         key = self.key(span.key)
         mine = key not in self._in_flight and len(self._in_flight) < MAX_IN_FLIGHT
@@ -149,7 +158,7 @@ class Summarizer:
                 return await self._await_other(key, wait_until)
             try:  # the result is stored before the lock goes, so no one makes it twice
                 try:
-                    text = await self._summarize(span, counter_for(model), charge)
+                    text = await self._summarize(span, counter_for(model), charge, wait_until)
                 except SummaryFailed:
                     await self.store.set(key, "", FAILED_TTL_SECONDS)
                     raise
@@ -171,23 +180,53 @@ class Summarizer:
                 self._in_flight.discard(key)
 
     async def _await_other(self, key: str, wait_until: float | None) -> str | None:
-        while wait_until is not None and time.monotonic() < wait_until:
+        loop = asyncio.get_running_loop()
+        while wait_until is not None and loop.time() < wait_until:
             await asyncio.sleep(POLL_SECONDS)
             text = await self.store.get(key)
             if text is not None:
                 return text or None
         return None
 
-    async def _summarize(self, span: DroppedSpan, counter: TokenCounter, charge: Charge | None) -> str:
-        """One attempt within the timeout; raises SummaryFailed with the reason."""
+    async def _summarize(
+        self, span: DroppedSpan, counter: TokenCounter, charge: Charge | None, deadline: float | None
+    ) -> str:
+        """One attempt, done by `deadline` (event-loop time) or else within the timeout, its input
+        included; raises SummaryFailed with the reason."""
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + self.settings.timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await self._request_body(span)
+                started = time.perf_counter()
+                try:
+                    answer = await self._post(body)
+                finally:
+                    metrics.SUMMARIZER_LATENCY.observe(time.perf_counter() - started)
+        except TimeoutError:
+            raise SummaryFailed("timeout") from None
+        except aiohttp.ClientError:
+            raise SummaryFailed("unreachable") from None
+        await self._account(answer, charge)
+        text = _summary_text(answer)
+        tokens = counter.text(text)
+        if tokens > span.room or tokens >= counter.messages(span.messages):
+            raise SummaryFailed("too_long")
+        metrics.SUMMARIES.labels("made").inc()
+        return text
+
+    async def _request_body(self, span: DroppedSpan) -> dict[str, Any]:
+        """The summarizer request for `span`: after its predecessor's summary when that is stored."""
         messages: tuple[Any, ...] = span.messages
         earlier = None
         if span.previous:
             earlier = await self.store.get(self.key(span_key(span.messages[: span.previous])))
             if earlier is not None:
                 messages = span.messages[span.previous :]
-        try:  # fitting a long span takes a while: off the event loop, which serves requests
-            body = await asyncio.to_thread(
+        try:
+            # Fitting a long span takes a while: off the event loop, which serves requests. Past
+            # the deadline the wait ends; the thread finishes its fit and the result is dropped.
+            return await asyncio.to_thread(
                 summary_request,
                 self.settings.model,
                 messages,
@@ -197,31 +236,16 @@ class Summarizer:
             )
         except ContextBudgetExceeded:
             raise SummaryFailed("overflow") from None
-        started = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.settings.timeout):
-                answer = await self._post(body)
-        except TimeoutError:
-            raise SummaryFailed("timeout") from None
-        except aiohttp.ClientError:
-            raise SummaryFailed("unreachable") from None
-        finally:
-            metrics.SUMMARIZER_LATENCY.observe(time.perf_counter() - started)
-        await self._account(answer, charge)
-        text = _summary_text(answer)
-        tokens = counter.text(text)
-        if tokens > span.room or tokens >= counter.messages(span.messages):
-            raise SummaryFailed("too_long")
-        metrics.SUMMARIES.labels("made").inc()
-        return text
 
     async def _account(self, answer: Mapping[str, Any], charge: Charge | None) -> None:
         """The call's tokens, from the answer's usage: to the metrics, and to whoever asked."""
         usage = answer.get("usage")
         if not isinstance(usage, Mapping):
             return
-        spent = [usage.get(kind) for kind in ("prompt_tokens", "completion_tokens")]
-        prompt, completion = (value if type(value) is int and value >= 0 else 0 for value in spent)
+        # A count no call could spend (2**64 once used up a team's day) is not charged.
+        prompt, completion = (
+            reported_count(usage.get(kind)) or 0 for kind in ("prompt_tokens", "completion_tokens")
+        )
         metrics.SUMMARIZER_TOKENS.labels("prompt").inc(prompt)
         metrics.SUMMARIZER_TOKENS.labels("completion").inc(completion)
         if charge is not None and prompt + completion:
@@ -230,10 +254,14 @@ class Summarizer:
     async def _post(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
-        async with self._session.post(self.url, data=orjson.dumps(body), headers=self.headers) as reply:
-            raw = await reply.content.read(1 << 22)  # 4 MiB: far beyond any capped summary
+        # A redirect is not followed: it would send the conversation span to another
+        # origin, whose answer would then be used; a 3xx is a failure like any other status.
+        async with self._session.post(
+            self.url, data=orjson.dumps(body), headers=self.headers, allow_redirects=False
+        ) as reply:
             if reply.status != 200:
                 raise SummaryFailed(f"status_{reply.status // 100}xx")
+            raw = await _whole_body(reply)
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -241,6 +269,18 @@ class Summarizer:
         if not isinstance(answer, Mapping):
             raise SummaryFailed("garbage")
         return answer
+
+
+async def _whole_body(reply: aiohttp.ClientResponse) -> bytes:
+    """The body to its end, however many pieces it arrives in; one over MAX_ANSWER_BYTES is garbage."""
+    if (reply.content_length or 0) > MAX_ANSWER_BYTES:
+        raise SummaryFailed("garbage")
+    body = bytearray()
+    async for piece in reply.content.iter_any():
+        body += piece
+        if len(body) > MAX_ANSWER_BYTES:
+            raise SummaryFailed("garbage")
+    return bytes(body)
 
 
 def _summary_text(answer: Mapping[str, Any]) -> str:

@@ -5,11 +5,13 @@ values and canaries the conversation states), in order of appearance, so a
 test or the benchmark sees which facts crossed. Modes, set on the instance:
 
     ok        200 with that summary
-    slow      the same after `delay` seconds
+    slow      the same after `delay` seconds (unless the caller hangs up first)
     fail      500 with OpenAI's server_error body
     refuse    200 whose message is a refusal (content null)
     garbage   200 whose body is not JSON
     long      200 with a summary far longer than any span (to be discarded)
+    pieces    200 with the `ok` answer written in several pieces, `delay` seconds apart
+    redirect  307 to `redirect_to` (a URL that keeps the method and the body)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.fakes.serve import serve_in_thread
@@ -43,6 +45,8 @@ class FakeSummarizer:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     usage: list[dict[str, int]] = field(default_factory=list)  # what each answer reported
     base_url: str = ""
+    redirect_to: str = ""
+    reported_usage: dict[str, int] | None = None  # reported instead of the true usage
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -77,8 +81,10 @@ def create_app(fake: FakeSummarizer) -> Starlette:
         with fake.lock:
             fake.calls += 1
             fake.bodies.append(body)
-        if fake.mode == "slow":
-            await asyncio.sleep(fake.delay)
+        if fake.mode == "redirect":
+            return Response(status_code=307, headers={"location": fake.redirect_to})
+        if fake.mode == "slow" and not await answer_after(request, fake.delay):
+            return Response(status_code=499)  # the caller gave up: nobody reads this
         with fake.lock:
             fake.answered += 1
         if fake.mode == "fail":
@@ -100,17 +106,40 @@ def create_app(fake: FakeSummarizer) -> Starlette:
         spent = usage(body["messages"], message["content"] or "")
         with fake.lock:
             fake.usage.append(spent)
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{fake.calls}",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": spent,
-            }
-        )
+        answer = {
+            "id": f"chatcmpl-{fake.calls}",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": fake.reported_usage or spent,
+        }
+        if fake.mode == "pieces":
+            pieces = in_pieces(orjson.dumps(answer), fake.delay)
+            return StreamingResponse(pieces, media_type="application/json")
+        return JSONResponse(answer)
 
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+async def answer_after(request: Request, seconds: float) -> bool:
+    """Wait `seconds`; False as soon as the caller has hung up. Like a real API, it stops then:
+    a hanging call ends with the gateway's timeout, not at server shutdown."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while loop.time() < until:
+        if await request.is_disconnected():
+            return False
+        await asyncio.sleep(min(0.05, max(0.0, until - loop.time())))
+    return True
+
+
+async def in_pieces(data: bytes, pause: float, pieces: int = 4) -> AsyncIterator[bytes]:
+    # Each piece is its own write (a chunk on the wire): the reader sees the body arrive in parts.
+    size = -(-len(data) // pieces)
+    for start in range(0, len(data), size):
+        if start:
+            await asyncio.sleep(pause)
+        yield data[start : start + size]
 
 
 @contextmanager

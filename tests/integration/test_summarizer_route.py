@@ -24,6 +24,7 @@ from tests.conftest import GatewayFactory
 from tests.fakes.serve import free_port
 from tests.fakes.summarizer import FakeSummarizer, serve_summarizer
 from tests.fakes.upstream import FakeUpstream
+from tests.metrics import metric
 
 WINDOW = 6_000
 MODEL = "gpt-4o-mini"
@@ -119,6 +120,81 @@ def test_inline_mode_waits_for_the_summary(
     # Capped by the configured output and by the room the marker has (a tenth of the budget).
     assert body["model"] == "summarizer-mini" and 0 < body["max_tokens"] <= WINDOW // 10
     assert "User instructions" in body["messages"][0]["content"]
+
+
+def test_an_answer_that_arrives_in_pieces_is_read_to_its_end(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = "pieces", 0.1
+    url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline")
+    header, _, _ = ask(url, conversation(30))
+    # Valid JSON in four writes 0.1 s apart: the whole of it is the answer, not its first piece.
+    assert "summary" in header.split(",") and "digest" not in header.split(",")
+    assert sent_marker(fake_upstream).split("]\n", 1)[1].startswith("Notes: ")
+    assert summarizer.calls == 1
+
+
+def test_a_redirect_from_the_summarizer_is_not_followed(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    with serve_summarizer() as elsewhere:
+        summarizer.mode, summarizer.redirect_to = "redirect", f"{elsewhere.base_url}/chat/completions"
+        url = start(start_gateway, summarizer, GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline")
+        redirected = metric(url, "gateway_summary_failures_total", reason="status_3xx")
+        header, _, _ = ask(url, conversation(30))
+        # The conversation went to the configured summarizer only; its 307 is a failure.
+        assert summarizer.calls == 1 and elsewhere.calls == 0
+        assert "digest" in header.split(",") and "summary" not in header.split(",")
+        assert metric(url, "gateway_summary_failures_total", reason="status_3xx") == redirected + 1
+
+
+def agent_conversation(turns: int, steps: int) -> list[dict[str, Any]]:
+    """Earlier turns, then an agent's tool steps: a fit drops a span of each."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(turns):
+        messages += [
+            {"role": "user", "content": f"Task K-{turn:03d}: fix m{turn}.py. " + "Background. " * 60},
+            {"role": "assistant", "content": f"Fixed K-{turn:03d}. " + "Explanation. " * 60},
+        ]
+    messages.append({"role": "user", "content": "Now run the test suite and fix what fails."})
+    for step in range(steps):
+        call = {"name": "read_file", "arguments": json.dumps({"path": f"src/f{step}.py"})}
+        messages += [
+            {
+                "role": "assistant",
+                "content": f"Step {step}.",
+                "tool_calls": [{"id": f"call_{step}", "type": "function", "function": call}],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{step}",
+                "content": f"src/f{step}.py: value={step * 7}. " + "Output. " * 60,
+            },
+        ]
+    return messages
+
+
+def test_inline_mode_waits_one_timeout_for_all_the_spans_of_a_request(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer
+) -> None:
+    fake_upstream.window = WINDOW
+    summarizer.mode, summarizer.delay = "slow", 60.0  # never answers in time
+    timeout = 5.0
+    url = start(
+        start_gateway,
+        summarizer,
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
+        GATEWAY_COMPRESSION_SUMMARIZER_TIMEOUT=str(timeout),
+    )
+    started = time.monotonic()
+    header, _, _ = ask(url, agent_conversation(30, 30))
+    waited = time.monotonic() - started
+    assert summarizer.calls == 2  # two spans dropped, a summary asked for each
+    assert "digest" in header.split(",") and "summary" not in header.split(",")
+    # One deadline for the request: the two waits overlap rather than add up to 2 x timeout.
+    assert timeout <= waited < 2 * timeout - 1
 
 
 @pytest.mark.parametrize("mode", ["fail", "refuse", "garbage", "long", "slow"])
@@ -279,6 +355,33 @@ def test_a_summary_is_the_usage_of_the_team_whose_request_made_it(
     assert summarizer.calls == 1
     wait_until(lambda: MODEL in recorded_usage(redis_url, other))
     assert SUMMARIES not in recorded_usage(redis_url, other)
+
+
+def test_a_summarizer_usage_no_call_could_spend_is_not_charged(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory, summarizer: FakeSummarizer, redis_url: str
+) -> None:
+    """A summarizer reporting 2**64 - 1 prompt tokens set the paying team's day to 1.8e19 in
+    Redis (every later request 429) and broke the settlement script: such a count is not charged."""
+    redis.Redis.from_url(redis_url).flushdb()  # no summary stored by an earlier test
+    fake_upstream.window = WINDOW
+    summarizer.reported_usage = {"prompt_tokens": 2**64 - 1, "completion_tokens": 40, "total_tokens": 39}
+    payer = "t" + uuid.uuid4().hex[:10]
+    teams = {payer: {"keys": [hash_key(PAYER_KEY)], "limits": {"tokens_per_day": 1_000_000}}}
+    url = start(
+        start_gateway,
+        summarizer,
+        GATEWAY_TEAMS=json.dumps(teams),
+        GATEWAY_REDIS_URL=redis_url,
+        GATEWAY_POLICY_STORE_TIMEOUT="2",
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
+    )
+    header, _, _ = ask(url, conversation(30), key=PAYER_KEY)
+    assert "summary" in header.split(",")
+    wait_until(lambda: SUMMARIES in recorded_usage(redis_url, payer))
+    assert recorded_usage(redis_url, payer)[SUMMARIES].prompt == 0
+    assert recorded_usage(redis_url, payer)[SUMMARIES].completion == 40
+    header, _, _ = ask(url, conversation(31), key=PAYER_KEY)  # the team's day is not used up
+    assert header
 
 
 PAYER_KEY = "cgw-payer-team-key-0001"
