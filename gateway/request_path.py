@@ -3,8 +3,8 @@ spelling of a prompt route, with repeated or trailing slashes, is routed and sen
 
 A path that could name another resource once some server on the way decodes or normalises
 it — dot segments (``..``, ``%2e%2e``), encoded separators (``%2f``, ``%5c``), backslashes,
-control characters (``%00``, CR, LF) — answers 400 before routing (Starlette's routes would
-not even match a decoded newline, and answer 404 quoting it).
+control characters (``%00``, CR, LF), path parameters (``;``) — answers 400 before routing
+(Starlette's routes would not even match a decoded newline, and answer 404 quoting it).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def path_problem(raw_path: bytes) -> str | None:
         return "an encoded or backslash path separator"
     if any(segment in (".", "..") for segment in decoded.split("/")):
         return "a dot segment"
+    if ";" in decoded:  # path parameters: servers that strip them (Tomcat, Spring) route what remains
+        return "a semicolon"
     return None
 
 
@@ -69,7 +71,8 @@ class PathGuard:
 
 def prompt_route_alias(path: str) -> str | None:
     """The prompt route a path is another spelling of (`/v1//chat/completions`, a trailing
-    slash), or None. Relayed as pass-through, such a path skipped every token limit, cap and
-    compression, while the upstream (nginx merges slashes by default) served it as the route."""
-    canonical = _REPEATED_SLASHES.sub("/", path).rstrip("/")
+    slash, `/v1/Chat/Completions`), or None. Relayed as pass-through, such a path skipped every
+    token limit, cap and compression, while the upstream (nginx merges slashes by default, some
+    servers ignore case) served it as the route."""
+    canonical = _REPEATED_SLASHES.sub("/", path).rstrip("/").lower()  # some servers ignore case
     return canonical if canonical != path and canonical in PROMPT_PATHS else None

@@ -15,6 +15,8 @@ still find a model in it.
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
@@ -30,8 +32,17 @@ if TYPE_CHECKING:  # defined for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
 MULTIPART = "multipart/form-data"
+# The parser logs each malformed byte it meets, quoting the client's body: the refusal says enough.
+logging.getLogger("python_multipart.multipart").setLevel(logging.ERROR)
 # A `model` or `purpose` form field holds a name: anything longer is refused, not cut to fit.
 FORM_FIELD_LIMIT = 64 * 1024
+# A file part's line held before the form has said purpose=batch (most uploads are audio or
+# documents, with no lines at all: they are not held whole).
+UNDECLARED_LINE_BYTES = 64 * 1024
+# What servers drop from a query parameter's name: array brackets, control characters, spaces.
+_QUERY_NAME_NOISE = re.compile(r"\[[^\]]*\]|[\x00-\x20\x7f]")
+_AMBIGUOUS_NAME = re.compile(rb"(^|;)\s*name\*", re.IGNORECASE)
+_NAME_PARAMETER = re.compile(rb"(?:^|;)\s*name\s*=", re.IGNORECASE)
 
 
 def models_named(body: bytes, content_type: str) -> list[str]:
@@ -66,12 +77,10 @@ def _lenient_json(body: bytes) -> bool:
 
 
 def query_models(query_string: bytes) -> list[str]:
-    """The `model` parameters of a query string (OpenAI's Realtime calls name the model there)."""
-    return [
-        value
-        for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
-        if name == "model"
-    ]
+    """The `model` parameters of a query string (OpenAI's Realtime calls name the model there),
+    spelled as any server might read one: `;` as a separator, any case, `model[]`, a NUL."""
+    pairs = parse_qsl(query_string.decode("latin-1").replace(";", "&"), keep_blank_values=True)
+    return [value for name, value in pairs if _QUERY_NAME_NOISE.sub("", name).lower() == "model"]
 
 
 def media_type(content_type: str) -> str:
@@ -206,7 +215,9 @@ class FormScan:
     line of a `purpose=batch` file), or None. Only the `model` and `purpose` fields and one line
     of a file are held, whatever the upload's size. The `purpose` field may come after the file,
     so what a file's lines name (and a line that cannot be read) counts once the form says batch;
-    a body that ends inside a part is refused, as the upstream might read a model there."""
+    before it does, a file is held a short line at a time (audio has no lines). A body that ends
+    inside a part, or a part that names itself ambiguously, is refused: the upstream might read
+    a model there."""
 
     def __init__(self, content_type: str, max_line_bytes: int, allowed: Callable[[str], bool]) -> None:
         _, options = parse_options_header(content_type)
@@ -219,6 +230,7 @@ class FormScan:
         self._field = bytearray()
         self._value = bytearray()
         self._name: bytes | None = None
+        self._named = False  # the part's Content-Disposition was read
         self._held = bytearray()  # the value of a `model` or `purpose` part
         self._lines: LineSplitter | None = None  # in a `file` part
         self._batch = False
@@ -261,14 +273,23 @@ class FormScan:
 
     def _part_begin(self) -> None:
         self._name = None
+        self._named = False
         self._held.clear()
         self._lines = None
 
     def _header_end(self) -> None:
         if bytes(self._field).strip().lower() == b"content-disposition":
-            self._name = parse_options_header(bytes(self._value))[1].get(b"name")
+            value = bytes(self._value)
+            if self._named or _AMBIGUOUS_NAME.search(value) or len(_NAME_PARAMETER.findall(value)) > 1:
+                # Parsers differ on these (RFC 2231 `name*=`, a repeated name or header): one an
+                # upstream reads as `model` or `file` would go unchecked here.
+                raise GatewayError(400, "A multipart part names itself ambiguously (Content-Disposition).")
+            self._named = True
+            self._name = parse_options_header(value)[1].get(b"name")
             if self._name == b"file":
-                self._lines = LineSplitter(self._max_line, "the batch file", "file")
+                # Before the form says batch, a file is not held for more than a short line.
+                cap = self._max_line if self._batch else UNDECLARED_LINE_BYTES
+                self._lines = LineSplitter(cap, "the batch file", "file")
         self._field.clear()
         self._value.clear()
 
@@ -279,7 +300,22 @@ class FormScan:
                 name = self._name.decode("latin-1")
                 raise GatewayError(400, f"The form field '{name}' is longer than {FORM_FIELD_LIMIT:,} bytes.")
         elif self._lines is not None:
-            self._read_lines(self._lines.feed(data[start:end]))
+            try:
+                lines = self._lines.feed(data[start:end])
+            except GatewayError as too_long:
+                if self._batch:
+                    raise
+                # Not (yet) a batch file (audio, an image): it has no lines to read. Should the
+                # form say batch after all, its lines went unread, so it is refused then.
+                self._line_error = self._line_error or GatewayError(
+                    400,
+                    f"{too_long.message[:-1]} before the form said purpose=batch: send `purpose` "
+                    "before the file.",
+                    param="file",
+                )
+                self._lines = None
+                return
+            self._read_lines(lines)
 
     def _part_end(self) -> None:
         if self._name == b"model":
@@ -287,7 +323,7 @@ class FormScan:
             if self._refused is None and not self._allowed(model):
                 self._refused = model
         elif self._name == b"purpose":
-            self._batch |= self._held == b"batch"
+            self._batch |= self._held.strip().lower() == b"batch"
         elif self._lines is not None:
             self._read_lines([self._lines.finish()])
 

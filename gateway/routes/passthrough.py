@@ -64,6 +64,10 @@ async def relay_unchanged(
     content_type = request.headers.get("content-type", "")
     if team is not None and team.settings.models is not None:
         check_codings(request.headers)  # a compressed body's models cannot be read
+        if len(request.headers.getlist("content-type")) > 1:  # parsers differ on which one holds
+            raise GatewayError(
+                400, "The request names its Content-Type more than once.", param="content-type"
+            )
         for model in query_models(request.scope["query_string"]):
             runtime.policy.check_model(team, model)
     if team is not None and team.settings.models is not None and media_type(content_type) == MULTIPART:

@@ -38,6 +38,7 @@ from gateway.policy.answers import without_rate_limits
 from gateway.policy.chat import output_allowance, team_chat
 from gateway.policy.enforcer import Admission, Team
 from gateway.policy.limits import Usage
+from gateway.policy.named_models import query_models
 from gateway.policy.streams import StreamMeter, metered, usage_counts
 from gateway.proxy_headers import to_client
 from gateway.relay import (
@@ -171,6 +172,8 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
     strip_usage = False
     if team is not None:
         runtime.policy.check_model(team, chat.model)
+        for model in query_models(request.scope["query_string"]):  # a lenient upstream may read one
+            runtime.policy.check_model(team, model)
         chat, strip_usage = team_chat(team, chat, request.headers, ask_usage=dialect.wire is CHAT)
     upstream = dialect.upstream(runtime, request, team)
     if dialect.discover and chat.model:

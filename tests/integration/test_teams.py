@@ -756,6 +756,22 @@ def test_no_encoding_or_spelling_slips_a_model_past_the_team_list(
             headers={**auth, "content-type": "application/sdp"},
         ),
     }
+    for query in ("model%5B%5D=gpt-5-forbidden", "Model=gpt-5-forbidden", "a=1;model=gpt-5-forbidden"):
+        attempts["query: " + query] = httpx.post(
+            url + "/realtime/calls?" + query,
+            content=b"v=0\r\n",
+            headers={**auth, "content-type": "application/sdp"},
+        )
+    attempts["query on chat"] = httpx.post(
+        url + "/chat/completions?model=gpt-5-forbidden",
+        json={"model": "text-embedding-3-small", "messages": [{"role": "user", "content": "hi"}]},
+        headers=auth,
+    )
+    attempts["two content types"] = httpx.post(
+        url + "/embeddings",
+        content=b'{"model": "text-embedding-3-small", "input": "hi"}',
+        headers=[*auth.items(), ("content-type", "application/json"), ("content-type", "text/plain")],
+    )
     assert fake_upstream.received == []  # each refused by the gateway, none relayed
     refusals = {
         name: (answer.status_code, answer.json()["error"]["param"]) for name, answer in attempts.items()
@@ -765,6 +781,11 @@ def test_no_encoding_or_spelling_slips_a_model_past_the_team_list(
         "utf-16": (400, None),
         "gzip": (415, "content-encoding"),
         "query": (404, "model"),
+        "query: model%5B%5D=gpt-5-forbidden": (404, "model"),
+        "query: Model=gpt-5-forbidden": (404, "model"),
+        "query: a=1;model=gpt-5-forbidden": (404, "model"),
+        "query on chat": (404, "model"),
+        "two content types": (400, "content-type"),
     }
     sdp = httpx.post(
         url + "/realtime/calls?model=text-embedding-3-small",
@@ -815,11 +836,21 @@ def test_another_spelling_of_a_prompt_route_is_that_route(
     origin = url.removesuffix("/v1")
     body = {"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     headers = {"Authorization": f"Bearer {KEY}"}
-    paths = ["/v1//chat/completions", "/v1/chat/completions/", "//v1/chat//completions//"]
+    paths = [
+        "/v1//chat/completions",
+        "/v1/chat/completions/",
+        "//v1/chat//completions//",
+        "/v1/Chat/Completions",
+    ]
     answers = [httpx.post(origin + path, json=body, headers=headers) for path in paths]
-    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    assert [answer.status_code for answer in answers] == [200] * 4
     assert all("x-gateway-prompt-tokens-before" in answer.headers for answer in answers)
-    assert [request.path for request in fake_upstream.received] == ["/v1/chat/completions"] * 3
+    assert [request.path for request in fake_upstream.received] == ["/v1/chat/completions"] * 4
+    # Path parameters, which Tomcat or Spring strip before routing, are no path of the API.
+    for path in ("/v1/chat/completions;a=b", "/v1/chat;v=1/completions"):
+        refused = httpx.post(origin + path, json=body, headers=headers)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "path"
+    assert len(fake_upstream.received) == 4
     while (answer := httpx.post(origin + paths[0], json=body, headers=headers)).status_code == 200:
         assert len(fake_upstream.received) < 50
     assert answer.status_code == 429 and answer.json()["error"]["code"] == "insufficient_quota"

@@ -83,6 +83,59 @@ def test_an_upload_fed_in_any_pieces_is_judged_as_it_is_whole(
         assert _refused_by_form(body, content_type, {"ok", "also-ok"}, cuts) == expected
 
 
+@pytest.mark.parametrize(
+    "disposition",
+    [
+        b"form-data; name*=utf-8''model",
+        b'form-data; name*0="mo"; name*1="del"',
+        b'form-data; name="model"; name="x"',
+        b'form-data; name="model"\r\nContent-Disposition: form-data; name="x"',
+    ],
+    ids=["rfc2231", "rfc2231-continued", "name-twice", "header-twice"],
+)
+def test_a_part_that_names_itself_ambiguously_is_refused(disposition: bytes) -> None:
+    """Python's email parser reads each of these as the `model` field, the multipart parser here
+    as no field at all: the part went upstream unchecked, naming a forbidden model."""
+    body = b"--zz\r\nContent-Disposition: " + disposition + b"\r\n\r\ngpt-5-forbidden\r\n--zz--\r\n"
+    with pytest.raises(GatewayError) as refused:
+        _refused_by_form(body, "multipart/form-data; boundary=zz", {"whisper-1"})
+    assert refused.value.status == 400 and "Content-Disposition" in refused.value.message
+
+
+def test_a_file_without_lines_is_not_held_and_not_refused_unless_it_is_a_batch() -> None:
+    """A 40 MB recording has no line breaks: read as a batch file it was refused ("Line 1 ... is
+    longer than 33,554,432 bytes") and held whole. Before the form says batch a file is held a
+    short line at a time; a batch file whose `purpose` comes after a long line is refused."""
+    audio = b"\0" * 3_000_000
+    for purpose in ("assistants", "batch"):
+        body, content_type = _form({"purpose": purpose}, {"file": ("a.wav", audio)})
+        if purpose == "assistants":
+            scan = FormScan(content_type, 1 << 20, {"whisper-1"}.__contains__)
+            tracemalloc.start()
+            try:
+                assert all(scan.feed(body[at : at + 65_536]) is None for at in range(0, len(body), 65_536))
+                assert scan.finish() is None
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 500_000
+        else:  # a batch file's line is held up to the line limit, then refused
+            with pytest.raises(GatewayError, match="longer than"):
+                _refused_by_form(body, content_type, {"whisper-1"})
+    purpose_last = (
+        b'--zz\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+        + b'{"body": {"model": "gpt-5-forbidden", "input": "'
+        + b"x" * 100_000
+        + b'"}}\r\n'
+        + b'--zz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--zz--\r\n'
+    )
+    with pytest.raises(GatewayError, match="before the file"):
+        _refused_by_form(purpose_last, "multipart/form-data; boundary=zz", {"whisper-1"})
+    padded = purpose_last.replace(b"\r\n\r\nbatch\r\n", b"\r\n\r\nBatch \r\n")
+    with pytest.raises(GatewayError):  # a purpose an upstream may trim or fold is still a batch
+        _refused_by_form(padded, "multipart/form-data; boundary=zz", {"whisper-1"})
+
+
 def test_an_upload_is_read_holding_a_line_at_most() -> None:
     """An upload of hundreds of megabytes streams through: what is held is its small fields and
     one line of a batch file, not the upload."""
