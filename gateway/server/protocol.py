@@ -268,29 +268,39 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` (unless an answer has started) and close the connection."""
         self._refusal = status
-        if self.cycle is not None and not self.cycle.response_complete:
-            # The app has the request: its guard counts and logs it, with this status.
-            self.scope[REFUSED_STATUS] = status  # type: ignore[literal-required]
-            if self.cycle.response_started:
-                self.transport.close()
-                return
-        self._write_refusal(status, message)
+        if self._in_headers or self.cycle is None or self.cycle.response_complete:
+            self._write_refusal(status, message)  # a request the app has not seen
+            return
+        # The app is reading this request's body: its guard counts and logs it, with this status.
+        self.scope[REFUSED_STATUS] = status  # type: ignore[literal-required]
+        if self.cycle.response_started:
+            self.transport.close()
+            return
+        self._write_refusal(status, message, request_id=self.scope.get("state", {}).get("request_id", ""))
 
-    def _write_refusal(self, status: int, message: str) -> None:
+    def _write_refusal(self, status: int, message: str, request_id: str | None = None) -> None:
+        """Answer a refused request and close; `request_id` when the app holds it, else the
+        refusal is a request of its own, counted and logged here."""
         self._refusal = status
         self._cancel_timers()
         if self.transport.is_closing():
             return
         path = self.url.partition(b"?")[0].decode("latin-1")
+        if request_id is None:
+            request_id = self._account_refusal(status, path)
+            if self.cycle is not None and not self.cycle.response_complete:
+                # Pipelined behind a request still being answered: an answer now would be read as
+                # that one's. The connection closes instead.
+                self.transport.close()
+                return
         if anthropic_path(path):
             body = anthropic_error_body(message, anthropic_error_type(status))
         else:
             body = error_body(message, type="invalid_request_error", code="request_rejected")
-        request_id = self._account_refusal(status, path)
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"%s: %s\r\nconnection: close\r\n\r\n"
-            % (status, _REASONS[status], len(body), GATEWAY_REQUEST_ID.encode(), request_id.encode())
+            % (status, _REASONS[status], len(body), GATEWAY_REQUEST_ID.encode(), str(request_id).encode())
         )
         self.transport.write(head + body)
         self.transport.close()
@@ -298,8 +308,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _account_refusal(self, status: int, path: str) -> str:
         """A refusal the app never saw (headers too large or too slow, HTTP it cannot parse) is
         counted and logged as every answer is; an operator sees the attack in the metrics."""
-        if self.cycle is not None and not self.cycle.response_complete:
-            return str(self.scope.get("state", {}).get("request_id", ""))  # the app's guard has it
         # The parser states a method once the request line is read (the url with it), else none.
         method = self.parser.get_method().decode("latin-1") if self.url else "-"
         record = RequestRecord(new_request_id(), printable(method, 16), route_label(path))

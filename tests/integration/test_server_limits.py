@@ -19,6 +19,7 @@ import pytest
 from gateway.server.run import RESERVED_FDS, connection_cap, raise_open_file_limit
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
+from tests.metrics import metric
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 # Long enough for any refusal on a loaded machine, far below the defaults being replaced.
@@ -327,3 +328,23 @@ def test_an_upgrade_offer_with_a_body_is_refused_by_name(
         sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n" + offer + b"connection: close\r\n\r\n")
         served = _read_until_closed(sock)
     assert _status(served) == 200
+
+
+def test_a_pipelined_request_refused_behind_another_never_answers_in_its_place(
+    fake_upstream: FakeUpstream, start_gateway: GatewayFactory
+) -> None:
+    """Two requests sent at once on one connection, the second with headers too large: the
+    431 meant for the second went out while the first was still with the upstream, and the
+    client read it as the first one's answer. The connection closes instead (pipelining is rare:
+    no common client uses it), and the refusal is counted as a request of its own."""
+    fake_upstream.hang_seconds = 1.0
+    base = start_gateway(GATEWAY_SERVER_MAX_HEADER_BYTES="8192")
+    before = metric(base, "gateway_requests_total", status="4xx")
+    first = _chat_request(b"x-fake-fault: hang\r\n")
+    second = _chat_request(b"x-padding: " + b"a" * 9000 + b"\r\n")
+    with _connect(base) as sock:
+        sock.sendall(first + second)
+        response = _read_until_closed(sock)
+    assert not response.startswith(b"HTTP/1.1 431")
+    # The refusal, and the first request, cut with the connection (499): two, each its own.
+    assert metric(base, "gateway_requests_total", status="4xx") - before == 2
