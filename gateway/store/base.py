@@ -6,6 +6,10 @@ from typing import Protocol
 class Store(Protocol):
     """Small key/value interface; values are strings (JSON where structured)."""
 
+    # Whether other processes write it too (Redis): a key gone from a process-local store was
+    # only evicted, never removed by an operator's command.
+    shared: bool
+
     async def get(self, key: str) -> str | None: ...
 
     async def set(self, key: str, value: str, ttl_seconds: int | None = None) -> None: ...

@@ -17,6 +17,8 @@ MAX_CHARS = 16 * 1024 * 1024
 
 
 class MemoryStore:
+    shared = False
+
     def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
         self._values: OrderedDict[str, tuple[str, float | None]] = OrderedDict()
         self._chars = 0

@@ -45,6 +45,8 @@ class RedisStore:
     learned state sit on the request path, and an outage must cost it a few bounded waits, not a
     socket timeout per request."""
 
+    shared = True
+
     def __init__(self, url: str, *, timeout: float, cooldown: float) -> None:
         self._client = bounded_client(url, timeout)
         self._breaker = CircuitBreaker(cooldown, "learned-state store")

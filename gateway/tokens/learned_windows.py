@@ -229,13 +229,14 @@ class LearnedWindows:
         return demand - last >= (evidence.estimate() or demand) * PERSIST_GROWTH
 
     async def load(self, store: Store, model: str) -> None:
-        """Adopt the store's evidence for ``model`` (another replica's); drop ours when the store
-        has none any more (`windows forget`, or expired there)."""
+        """Adopt the store's evidence for ``model`` (another replica's); drop ours when the shared
+        store has none any more (`windows forget`, or expired there). A process-local store only
+        loses a key to its own bound: that is no forget, and what was learned stays."""
         raw = await store.get(learned_key(model))
         stored = None if raw is None else Evidence.from_json(raw)
         if stored is None or stored.expires_at <= time.time():
             known = self.get(model)
-            if raw is None and known is not None and (known.stated or known.refused):
+            if raw is None and store.shared and known is not None and (known.stated or known.refused):
                 self.forget(model)
             return
         self.put(model, stored)

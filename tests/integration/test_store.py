@@ -17,7 +17,7 @@ from gateway.runtime import Runtime
 from gateway.settings import load_settings
 from gateway.store import MemoryStore, Store, open_store
 from gateway.store.redis import STORE_ERRORS, RedisStore
-from gateway.tokens.learned_windows import Evidence, LearnedWindows
+from gateway.tokens.learned_windows import Evidence, LearnedWindows, learned_key
 from tests.conftest import GatewayFactory
 from tests.fakes.upstream import FakeUpstream
 
@@ -218,3 +218,19 @@ async def test_a_silent_redis_costs_a_few_bounded_waits_then_none(caplog: pytest
         for writer in accepted:
             writer.close()
         server.close()
+
+
+async def test_a_window_learned_in_memory_survives_its_record_being_evicted() -> None:
+    """Without Redis, 10,000 newer records (discoveries of invented model names) evicted a
+    learned window's record, and the next refresh read its absence as `windows forget`: the
+    gateway went back to its guess and the next long prompt overflowed again."""
+    store = MemoryStore(max_entries=50)
+    learned = LearnedWindows()
+    learned.put("small-model", Evidence(stated=8192, expires_at=time.time() + 3600))
+    await learned.save(store, "small-model")
+    for n in range(100):
+        await store.set(f"window:discovered:invented-{n}", "{}")
+    assert await store.get(learned_key("small-model")) is None  # evicted
+    await learned.load(store, "small-model")
+    evidence = learned.get("small-model")
+    assert evidence is not None and evidence.stated == 8192
