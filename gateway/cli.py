@@ -287,16 +287,17 @@ def _count(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from gateway.policy.keys import hash_key, new_key
+    from gateway.policy.keys import configured_key, hash_key, new_key
 
     if args.keys_command == "new":
         key = new_key()
         print(f"key:  {key}")
         print(f"hash: {hash_key(key)}")
         return 0
-    key = sys.stdin.readline().strip() if args.key == "-" else args.key
-    if not key:
-        raise InputError("the key is empty")
+    try:
+        key = configured_key(sys.stdin.readline() if args.key == "-" else args.key)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     print(hash_key(key))
     return 0
 
