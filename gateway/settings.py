@@ -49,6 +49,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOG_FORMATS = ("json", "text")
 MAX_WORKERS = 512
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# Deeper than any valid configuration (teams.<name>.limits.<key> is four levels): a deeper value
+# is refused when read, before code that recurses into it (reprs in messages) overflows the stack.
+MAX_CONFIG_DEPTH = 16
 MAX_DISCOVERY_TIMEOUT = 30.0
 
 
@@ -219,12 +222,19 @@ def load_settings(
     path = path or env.get(CONFIG_ENV) or None
     raw: dict[str, Any] = {}
     if path is not None:
+        too_deep = f"config file {path} nests values deeper than {MAX_CONFIG_DEPTH} levels"
         try:
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        except RecursionError:  # the YAML parser recurses once per level
+            raise ConfigError(too_deep) from None
+        if nested_deeper_than(loaded, MAX_CONFIG_DEPTH):
+            raise ConfigError(too_deep)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         raw = loaded or {}
@@ -420,12 +430,40 @@ def _apply_env(
             continue
         value = env[name]
         if typing.get_origin(hint) is dict:
+            too_deep = f"{name} nests values deeper than {MAX_CONFIG_DEPTH} levels"
             try:
-                raw[f.name] = json.loads(value)
+                loaded = json.loads(value)
             except json.JSONDecodeError as exc:
                 problems.append(f"{name} must be JSON: {exc.msg}")
+            except RecursionError:  # the JSON decoder recurses once per level
+                problems.append(too_deep)
+            else:
+                if nested_deeper_than(loaded, MAX_CONFIG_DEPTH):
+                    problems.append(too_deep)
+                else:
+                    raw[f.name] = loaded
         else:
             raw[f.name] = value
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether lists and mappings in ``value`` nest more than ``limit`` levels deep. Iterative, and
+    a container shared by YAML aliases is walked again only when reached deeper than before, so
+    an alias bomb costs its distinct containers times ``limit``, not its expanded size."""
+    deepest: dict[int, int] = {}
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= limit:
+            return True
+        if deepest.get(id(item), -1) >= depth:
+            continue
+        deepest[id(item)] = depth
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _build(cls: type[Any], raw: Any, where: str, problems: list[str]) -> Any:
