@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway import __version__
+from gateway.log_safety import printable
 from gateway.settings import CONFIG_ENV, ConfigError, Settings, is_loopback, load_settings, redact_url
 
 if TYPE_CHECKING:
@@ -306,10 +307,9 @@ def _usage(args: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from redis.exceptions import RedisError
-
     from gateway.policy.config import TEAM_NAME
     from gateway.policy.limits import DAY_SECONDS, RedisLimits, day_name, day_number
+    from gateway.store.redis import READ_ANY_BYTES, STORE_ERRORS
 
     settings = load_settings(args.config)
     if not settings.redis_url:
@@ -325,7 +325,7 @@ def _usage(args: argparse.Namespace) -> int:
         raise InputError("no teams: configure teams, or name one with --team")
 
     async def read() -> list[tuple[str, str, Any]]:
-        store = RedisLimits(settings.redis_url or "", timeout=5.0)
+        store = RedisLimits(settings.redis_url or "", timeout=5.0, **READ_ANY_BYTES)
         try:
             return [
                 (team, model, usage)
@@ -337,13 +337,13 @@ def _usage(args: argparse.Namespace) -> int:
 
     try:
         rows = asyncio.run(read())
-    except (OSError, RedisError) as exc:
-        raise InputError(f"cannot read usage from Redis: {type(exc).__name__}") from None
+    except STORE_ERRORS as exc:
+        raise _store_failure("usage", settings, exc) from None
     print(f"usage on {day_name(day)} (UTC)")
     print(f"{'team':<20} {'model':<32} {'requests':>9} {'prompt':>12} {'completion':>12} {'saved':>12}")
     for team, model, usage in rows:
-        print(
-            f"{team:<20} {model:<32} {usage.requests:>9} {usage.prompt:>12} "
+        print(  # model names come from clients: never let one write control sequences to a terminal
+            f"{team:<20} {printable(model):<32} {usage.requests:>9} {usage.prompt:>12} "
             f"{usage.completion:>12} {usage.saved:>12}"
         )
     if not rows:
@@ -372,37 +372,53 @@ def _windows(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return asyncio.run(_windows_in_store(args, settings))
+    from gateway.store.redis import STORE_ERRORS
+
+    try:
+        return asyncio.run(_windows_in_store(args, settings.redis_url))
+    except STORE_ERRORS as exc:
+        raise _store_failure(f"windows {args.action}", settings, exc) from None
 
 
-async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int:
+async def _windows_in_store(args: argparse.Namespace, redis_url: str) -> int:
     import time
 
-    from gateway.store import open_store
+    from gateway.store.redis import READ_ANY_BYTES, RedisStore
     from gateway.tokens.window_records import forget, list_records
 
-    store = open_store(settings.redis_url, timeout=5.0, cooldown=0.0)  # an operator's command: no hurry
+    # An operator's command: no hurry, and no breaker to skip a slow Redis.
+    store = RedisStore(redis_url, timeout=5.0, cooldown=0.0, **READ_ANY_BYTES)
     try:
         if args.action == "forget":
             deleted = await forget(store, args.model)
-            print(
-                f"{args.model}: {deleted} record(s) removed" if deleted else f"{args.model}: nothing stored"
-            )
+            model = printable(args.model)
+            print(f"{model}: {deleted} record(s) removed" if deleted else f"{model}: nothing stored")
             return 0
-        records = await list_records(store, max(1, args.limit))
+        listing = await list_records(store, max(1, args.limit))
         print("model\twindow\tsource\texpires in\tdetail")
         now = time.time()
-        for record in records:
+        for record in listing.records:
             expires = f"{max(0, round(record.expires_at - now))} s"
-            # Names come from clients: never let one write control sequences to a terminal.
-            name = record.model if record.model.isprintable() else ascii(record.model)
-            print(f"{name}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+            # Names and servers come from clients and upstreams: one record, one line, no escapes.
+            print(
+                f"{printable(record.model)}\t{record.window or '-'}\t{record.source}\t{expires}\t"
+                f"{printable(record.detail)}"
+            )
+        if listing.unreadable:
+            print(
+                f"context-gateway: {listing.unreadable} key(s) under the gateway's prefixes hold no "
+                "window record it wrote; skipped",
+                file=sys.stderr,
+            )
         return 0
-    except (OSError, ConnectionError) as exc:
-        print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)
-        return 1
     finally:
         await store.close()
+
+
+def _store_failure(command: str, settings: Settings, exc: BaseException) -> InputError:
+    """Redis unreachable, or refusing (no such database, wrong password): said in one line."""
+    url = redact_url(settings.redis_url or "")
+    return InputError(f"{command}: Redis at {url} failed: {type(exc).__name__}: {printable(str(exc))}")
 
 
 if __name__ == "__main__":
