@@ -15,7 +15,15 @@ import orjson
 
 from gateway import __version__
 from gateway.log_safety import printable
-from gateway.settings import CONFIG_ENV, ConfigError, Settings, is_loopback, load_settings, redact_url
+from gateway.settings import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    is_loopback,
+    load_settings,
+    redact_url,
+    summarizer_url_problem,
+)
 
 if TYPE_CHECKING:
     from gateway.compress.fit import DroppedSpan, FitResult
@@ -208,6 +216,8 @@ def _compress(args: argparse.Namespace) -> int:
     from gateway.settings import BudgetSettings
     from gateway.tokens.counter import counter_for
 
+    if args.summarizer_url and (problem := summarizer_url_problem(args.summarizer_url)):
+        raise InputError(f"--summarizer-url {problem}")
     body = _read_request(args.file, args.model)
     counter = counter_for(args.model)
     tokens = counter.request(body)
@@ -223,10 +233,18 @@ def _compress(args: argparse.Namespace) -> int:
             summaries=summaries,
         )
 
+    summarizer_failures = ""
     try:
         result = fitted({})
         if args.summarizer_url and result.spans:
-            result = fitted(asyncio.run(_summaries(args, result.spans)))
+            summaries, reasons = asyncio.run(_summaries(args, result.spans))
+            if len(summaries) < len(result.spans):
+                summarizer_failures = (
+                    f"summarizer at {redact_url(args.summarizer_url)} gave no summary for "
+                    f"{len(result.spans) - len(summaries)} of {len(result.spans)} dropped span(s) "
+                    f"({', '.join(sorted(reasons)) or 'no reason recorded'}): the digest stands in"
+                )
+            result = fitted(summaries)
     except ContextBudgetExceeded as exc:
         print(f"context-gateway: cannot fit: {exc}", file=sys.stderr)
         return 1
@@ -246,21 +264,41 @@ def _compress(args: argparse.Namespace) -> int:
             f"{span.account or 'no account'} within {span.room} tokens",
             file=sys.stderr,
         )
+    if summarizer_failures:
+        print(f"context-gateway: {summarizer_failures}", file=sys.stderr)
     return 0
 
 
-async def _summaries(args: argparse.Namespace, spans: Sequence[DroppedSpan]) -> dict[str, str]:
-    """Summaries of the dropped spans from the summarizer at --summarizer-url (inline, nothing cached)."""
+async def _summaries(
+    args: argparse.Namespace, spans: Sequence[DroppedSpan]
+) -> tuple[dict[str, str], set[str]]:
+    """Summaries of the dropped spans from the summarizer at --summarizer-url (inline, nothing
+    cached), and the reasons of its failures (timeout, unreachable, status_4xx …)."""
     from gateway.settings import SummarizerSettings, UpstreamSettings
     from gateway.store import MemoryStore
     from gateway.summarize import Summarizer
 
     settings = SummarizerSettings(model=args.summarizer_model, base_url=args.summarizer_url, mode="inline")
     summarizer = Summarizer(settings, UpstreamSettings(), MemoryStore())
+    failed_before = _summary_failures()
     try:
-        return await summarizer.wait_for(spans, args.model)
+        summaries = await summarizer.wait_for(spans, args.model)
     finally:
         await summarizer.close()
+    failed = _summary_failures()
+    return summaries, {reason for reason, count in failed.items() if count > failed_before.get(reason, 0)}
+
+
+def _summary_failures() -> dict[str, float]:
+    """Summarizer failures so far by reason: the summarizer records them only in its metric."""
+    from gateway.metrics import SUMMARY_FAILURES
+
+    return {
+        sample.labels["reason"]: sample.value
+        for family in SUMMARY_FAILURES.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def _count(args: argparse.Namespace) -> int:

@@ -332,9 +332,7 @@ def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
     if len(summarizer.model) > 256 or any(ord(ch) < 32 for ch in summarizer.model):
         problems.append(f"{where}.model must be a model name (at most 256 printable characters)")
     if summarizer.base_url:
-        url_problem = http_url_problem(summarizer.base_url)
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in summarizer.base_url):
-            url_problem = "must not contain control characters"
+        url_problem = summarizer_url_problem(summarizer.base_url)
         if url_problem:
             problems.append(f"{where}.base_url {url_problem}")
     if summarizer.mode not in SUMMARIZER_MODES:
@@ -352,6 +350,13 @@ def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
     if not 60 <= summarizer.cache_ttl <= 365 * 24 * 3600:
         problems.append(f"{where}.cache_ttl must be between 60 seconds and a year")
     return problems
+
+
+def summarizer_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a summarizer's base URL (``compression.summarizer.base_url``), or None."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        return "must not contain control characters"
+    return http_url_problem(url)
 
 
 def http_url_problem(url: str) -> str | None:
