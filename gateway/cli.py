@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway import __version__
-from gateway.settings import CONFIG_ENV, ConfigError, Settings, is_loopback, load_settings, redact_url
+from gateway.log_safety import printable
+from gateway.settings import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    is_loopback,
+    load_settings,
+    redact_url,
+    summarizer_url_problem,
+)
 
 if TYPE_CHECKING:
     from gateway.compress.fit import DroppedSpan, FitResult
@@ -207,6 +216,8 @@ def _compress(args: argparse.Namespace) -> int:
     from gateway.settings import BudgetSettings
     from gateway.tokens.counter import counter_for
 
+    if args.summarizer_url and (problem := summarizer_url_problem(args.summarizer_url)):
+        raise InputError(f"--summarizer-url {problem}")
     body = _read_request(args.file, args.model)
     counter = counter_for(args.model)
     tokens = counter.request(body)
@@ -222,10 +233,18 @@ def _compress(args: argparse.Namespace) -> int:
             summaries=summaries,
         )
 
+    summarizer_failures = ""
     try:
         result = fitted({})
         if args.summarizer_url and result.spans:
-            result = fitted(asyncio.run(_summaries(args, result.spans)))
+            summaries, reasons = asyncio.run(_summaries(args, result.spans))
+            if len(summaries) < len(result.spans):
+                summarizer_failures = (
+                    f"summarizer at {redact_url(args.summarizer_url)} gave no summary for "
+                    f"{len(result.spans) - len(summaries)} of {len(result.spans)} dropped span(s) "
+                    f"({', '.join(sorted(reasons)) or 'no reason recorded'}): the digest stands in"
+                )
+            result = fitted(summaries)
     except ContextBudgetExceeded as exc:
         print(f"context-gateway: cannot fit: {exc}", file=sys.stderr)
         return 1
@@ -245,21 +264,41 @@ def _compress(args: argparse.Namespace) -> int:
             f"{span.account or 'no account'} within {span.room} tokens",
             file=sys.stderr,
         )
+    if summarizer_failures:
+        print(f"context-gateway: {summarizer_failures}", file=sys.stderr)
     return 0
 
 
-async def _summaries(args: argparse.Namespace, spans: Sequence[DroppedSpan]) -> dict[str, str]:
-    """Summaries of the dropped spans from the summarizer at --summarizer-url (inline, nothing cached)."""
+async def _summaries(
+    args: argparse.Namespace, spans: Sequence[DroppedSpan]
+) -> tuple[dict[str, str], set[str]]:
+    """Summaries of the dropped spans from the summarizer at --summarizer-url (inline, nothing
+    cached), and the reasons of its failures (timeout, unreachable, status_4xx …)."""
     from gateway.settings import SummarizerSettings, UpstreamSettings
     from gateway.store import MemoryStore
     from gateway.summarize import Summarizer
 
     settings = SummarizerSettings(model=args.summarizer_model, base_url=args.summarizer_url, mode="inline")
     summarizer = Summarizer(settings, UpstreamSettings(), MemoryStore())
+    failed_before = _summary_failures()
     try:
-        return await summarizer.wait_for(spans, args.model)
+        summaries = await summarizer.wait_for(spans, args.model)
     finally:
         await summarizer.close()
+    failed = _summary_failures()
+    return summaries, {reason for reason, count in failed.items() if count > failed_before.get(reason, 0)}
+
+
+def _summary_failures() -> dict[str, float]:
+    """Summarizer failures so far by reason: the summarizer records them only in its metric."""
+    from gateway.metrics import SUMMARY_FAILURES
+
+    return {
+        sample.labels["reason"]: sample.value
+        for family in SUMMARY_FAILURES.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def _count(args: argparse.Namespace) -> int:
@@ -287,16 +326,17 @@ def _count(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from gateway.policy.keys import hash_key, new_key
+    from gateway.policy.keys import configured_key, hash_key, new_key
 
     if args.keys_command == "new":
         key = new_key()
         print(f"key:  {key}")
         print(f"hash: {hash_key(key)}")
         return 0
-    key = sys.stdin.readline().strip() if args.key == "-" else args.key
-    if not key:
-        raise InputError("the key is empty")
+    try:
+        key = configured_key(sys.stdin.readline() if args.key == "-" else args.key)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     print(hash_key(key))
     return 0
 
@@ -305,10 +345,9 @@ def _usage(args: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from redis.exceptions import RedisError
-
     from gateway.policy.config import TEAM_NAME
     from gateway.policy.limits import DAY_SECONDS, RedisLimits, day_name, day_number
+    from gateway.store.redis import READ_ANY_BYTES, STORE_ERRORS
 
     settings = load_settings(args.config)
     if not settings.redis_url:
@@ -324,7 +363,7 @@ def _usage(args: argparse.Namespace) -> int:
         raise InputError("no teams: configure teams, or name one with --team")
 
     async def read() -> list[tuple[str, str, Any]]:
-        store = RedisLimits(settings.redis_url or "", timeout=5.0)
+        store = RedisLimits(settings.redis_url or "", timeout=5.0, **READ_ANY_BYTES)
         try:
             return [
                 (team, model, usage)
@@ -336,13 +375,13 @@ def _usage(args: argparse.Namespace) -> int:
 
     try:
         rows = asyncio.run(read())
-    except (OSError, RedisError) as exc:
-        raise InputError(f"cannot read usage from Redis: {type(exc).__name__}") from None
+    except STORE_ERRORS as exc:
+        raise _store_failure("usage", settings, exc) from None
     print(f"usage on {day_name(day)} (UTC)")
     print(f"{'team':<20} {'model':<32} {'requests':>9} {'prompt':>12} {'completion':>12} {'saved':>12}")
     for team, model, usage in rows:
-        print(
-            f"{team:<20} {model:<32} {usage.requests:>9} {usage.prompt:>12} "
+        print(  # model names come from clients: never let one write control sequences to a terminal
+            f"{team:<20} {printable(model):<32} {usage.requests:>9} {usage.prompt:>12} "
             f"{usage.completion:>12} {usage.saved:>12}"
         )
     if not rows:
@@ -371,37 +410,53 @@ def _windows(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return asyncio.run(_windows_in_store(args, settings))
+    from gateway.store.redis import STORE_ERRORS
+
+    try:
+        return asyncio.run(_windows_in_store(args, settings.redis_url))
+    except STORE_ERRORS as exc:
+        raise _store_failure(f"windows {args.action}", settings, exc) from None
 
 
-async def _windows_in_store(args: argparse.Namespace, settings: Settings) -> int:
+async def _windows_in_store(args: argparse.Namespace, redis_url: str) -> int:
     import time
 
-    from gateway.store import open_store
+    from gateway.store.redis import READ_ANY_BYTES, RedisStore
     from gateway.tokens.window_records import forget, list_records
 
-    store = open_store(settings.redis_url, timeout=5.0, cooldown=0.0)  # an operator's command: no hurry
+    # An operator's command: no hurry, and no breaker to skip a slow Redis.
+    store = RedisStore(redis_url, timeout=5.0, cooldown=0.0, **READ_ANY_BYTES)
     try:
         if args.action == "forget":
             deleted = await forget(store, args.model)
-            print(
-                f"{args.model}: {deleted} record(s) removed" if deleted else f"{args.model}: nothing stored"
-            )
+            model = printable(args.model)
+            print(f"{model}: {deleted} record(s) removed" if deleted else f"{model}: nothing stored")
             return 0
-        records = await list_records(store, max(1, args.limit))
+        listing = await list_records(store, max(1, args.limit))
         print("model\twindow\tsource\texpires in\tdetail")
         now = time.time()
-        for record in records:
+        for record in listing.records:
             expires = f"{max(0, round(record.expires_at - now))} s"
-            # Names come from clients: never let one write control sequences to a terminal.
-            name = record.model if record.model.isprintable() else ascii(record.model)
-            print(f"{name}\t{record.window or '-'}\t{record.source}\t{expires}\t{record.detail}")
+            # Names and servers come from clients and upstreams: one record, one line, no escapes.
+            print(
+                f"{printable(record.model)}\t{record.window or '-'}\t{record.source}\t{expires}\t"
+                f"{printable(record.detail)}"
+            )
+        if listing.unreadable:
+            print(
+                f"context-gateway: {listing.unreadable} key(s) under the gateway's prefixes hold no "
+                "window record it wrote; skipped",
+                file=sys.stderr,
+            )
         return 0
-    except (OSError, ConnectionError) as exc:
-        print(f"context-gateway: cannot reach {redact_url(settings.redis_url or '')}: {exc}", file=sys.stderr)
-        return 1
     finally:
         await store.close()
+
+
+def _store_failure(command: str, settings: Settings, exc: BaseException) -> InputError:
+    """Redis unreachable, or refusing (no such database, wrong password): said in one line."""
+    url = redact_url(settings.redis_url or "")
+    return InputError(f"{command}: Redis at {url} failed: {type(exc).__name__}: {printable(str(exc))}")
 
 
 if __name__ == "__main__":

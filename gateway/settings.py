@@ -49,6 +49,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 LOG_FORMATS = ("json", "text")
 MAX_WORKERS = 512
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# Deeper than any valid configuration (teams.<name>.limits.<key> is four levels): a deeper value
+# is refused when read, before code that recurses into it (reprs in messages) overflows the stack.
+MAX_CONFIG_DEPTH = 16
 MAX_DISCOVERY_TIMEOUT = 30.0
 
 
@@ -221,12 +224,19 @@ def load_settings(
     path = path or env.get(CONFIG_ENV) or None
     raw: dict[str, Any] = {}
     if path is not None:
+        too_deep = f"config file {path} nests values deeper than {MAX_CONFIG_DEPTH} levels"
         try:
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        except RecursionError:  # the YAML parser recurses once per level
+            raise ConfigError(too_deep) from None
+        if nested_deeper_than(loaded, MAX_CONFIG_DEPTH):
+            raise ConfigError(too_deep)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         raw = loaded or {}
@@ -324,9 +334,7 @@ def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
     if len(summarizer.model) > 256 or any(ord(ch) < 32 for ch in summarizer.model):
         problems.append(f"{where}.model must be a model name (at most 256 printable characters)")
     if summarizer.base_url:
-        url_problem = http_url_problem(summarizer.base_url)
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in summarizer.base_url):
-            url_problem = "must not contain control characters"
+        url_problem = summarizer_url_problem(summarizer.base_url)
         if url_problem:
             problems.append(f"{where}.base_url {url_problem}")
     if summarizer.mode not in SUMMARIZER_MODES:
@@ -344,6 +352,13 @@ def _summarizer_problems(summarizer: SummarizerSettings) -> list[str]:
     if not 60 <= summarizer.cache_ttl <= 365 * 24 * 3600:
         problems.append(f"{where}.cache_ttl must be between 60 seconds and a year")
     return problems
+
+
+def summarizer_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a summarizer's base URL (``compression.summarizer.base_url``), or None."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        return "must not contain control characters"
+    return http_url_problem(url)
 
 
 def http_url_problem(url: str) -> str | None:
@@ -422,12 +437,40 @@ def _apply_env(
             continue
         value = env[name]
         if typing.get_origin(hint) is dict:
+            too_deep = f"{name} nests values deeper than {MAX_CONFIG_DEPTH} levels"
             try:
-                raw[f.name] = json.loads(value)
+                loaded = json.loads(value)
             except json.JSONDecodeError as exc:
                 problems.append(f"{name} must be JSON: {exc.msg}")
+            except RecursionError:  # the JSON decoder recurses once per level
+                problems.append(too_deep)
+            else:
+                if nested_deeper_than(loaded, MAX_CONFIG_DEPTH):
+                    problems.append(too_deep)
+                else:
+                    raw[f.name] = loaded
         else:
             raw[f.name] = value
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether lists and mappings in ``value`` nest more than ``limit`` levels deep. Iterative, and
+    a container shared by YAML aliases is walked again only when reached deeper than before, so
+    an alias bomb costs its distinct containers times ``limit``, not its expanded size."""
+    deepest: dict[int, int] = {}
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= limit:
+            return True
+        if deepest.get(id(item), -1) >= depth:
+            continue
+        deepest[id(item)] = depth
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _build(cls: type[Any], raw: Any, where: str, problems: list[str]) -> Any:

@@ -153,7 +153,7 @@ from gateway.compress.transforms import (
 )
 from gateway.compress.units import PROTECTED_ROLES, Unit, group_units, is_tool_result_carrier
 from gateway.tokens.counter import TokenCounter, counter_for
-from gateway.tokens.formats import compact_json
+from gateway.tokens.formats import NestedTooDeeply, compact_json
 
 Message = Mapping[str, Any]
 Form = tuple[Message, ...]
@@ -290,6 +290,52 @@ def span_key(messages: Sequence[Message]) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+def _check_arguments(
+    messages: object,
+    model: object,
+    budget_tokens: object,
+    tools: object,
+    options: object,
+    aggressive: object,
+    summaries: object,
+) -> None:
+    """A library caller's mistake named at the door, not an error from deep inside the engine (or
+    none: a string iterates as one-letter messages). Once per call, linear in the messages."""
+    _check_dicts("messages", messages)
+    if not isinstance(model, str):
+        raise TypeError(f"model must be a str, got {type(model).__name__}")
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int):
+        raise TypeError(f"budget_tokens must be an int, got {type(budget_tokens).__name__}")
+    if tools is not None:
+        _check_dicts("tools", tools)
+    if not isinstance(options, CompressionOptions):
+        raise TypeError(f"options must be a CompressionOptions, got {type(options).__name__}")
+    if not isinstance(aggressive, bool):
+        raise TypeError(f"aggressive must be a bool, got {type(aggressive).__name__}")
+    if summaries is not None:
+        if not isinstance(summaries, Mapping):
+            raise TypeError(
+                f"summaries must be a mapping of span keys to str, got {type(summaries).__name__}"
+            )
+        for key, text in summaries.items():
+            if not isinstance(key, str) or not isinstance(text, str):
+                raise TypeError(
+                    f"summaries must map span keys (str) to summaries (str), got "
+                    f"{type(key).__name__} -> {type(text).__name__}"
+                )
+
+
+def _check_dicts(name: str, value: object) -> None:
+    """``value`` is a sequence of mappings (not one mapping, not a string)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of dicts, got {type(value).__name__}")
+    if all(type(item) is dict for item in value):  # the usual case, without ABC checks (~4x faster)
+        return
+    for index, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise TypeError(f"{name}[{index}] must be a dict, got {type(item).__name__}")
+
+
 def fit(
     messages: Sequence[Message],
     *,
@@ -314,10 +360,20 @@ def fit(
     given and fits the span's room, else the span's digest. Where to cut never
     depends on them (the room is reserved either way), so the result's
     `spans` name what a summarizer should summarize for the next request.
+
+    Arguments of the wrong type raise TypeError, and values nested too deeply to count
+    ValueError, each naming the argument.
     """
+    _check_arguments(messages, model, budget_tokens, tools, options, aggressive, summaries)
     counter = counter_for(model)
-    sizes = [counter.message(message) for message in messages]
-    fixed = counter.messages([]) + counter.tools(tools)
+    try:
+        sizes = [counter.message(message) for message in messages]
+    except NestedTooDeeply:
+        raise ValueError("messages: a message nests values too deeply to count") from None
+    try:
+        fixed = counter.messages([]) + counter.tools(tools)
+    except NestedTooDeeply:
+        raise ValueError("tools: a tool definition nests values too deeply to count") from None
     before = fixed + sum(sizes)
     unchanged = FitResult(list(messages), before, before, budget_tokens, (), 0)
     target = int(budget_tokens * options.aggressive_ratio) if aggressive else budget_tokens

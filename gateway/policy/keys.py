@@ -30,6 +30,23 @@ def hash_key(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
+def configured_key(text: str) -> str:
+    """``text`` as a request would present it (stripped as `presented_key` strips a token);
+    ValueError, naming the limit, when no request could ever present it."""
+    key = text.strip()
+    if not key:
+        raise ValueError("the key is empty")
+    if len(key) > MAX_PRESENTED_KEY:
+        raise ValueError(
+            f"the key has {len(key)} characters; the gateway refuses keys over {MAX_PRESENTED_KEY}"
+        )
+    # Header values reach the gateway as bytes read as Latin-1, and clients encode a key as ASCII
+    # (some as UTF-8): beyond printable ASCII, the hashed text is not the text that arrives.
+    if not all(" " <= char <= "~" for char in key):
+        raise ValueError("the key must be printable ASCII, as an HTTP header carries it")
+    return key
+
+
 def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 

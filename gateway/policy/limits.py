@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +41,8 @@ USAGE_RETENTION_DAYS = 400
 USAGE_MAX_MODELS = 200
 OTHER_MODEL = "(other)"
 USAGE_FIELDS = ("requests", "prompt", "completion", "saved")
+# A count as HINCRBY writes it: a signed 64-bit integer in ASCII digits (str.isdigit takes "²").
+USAGE_COUNT = re.compile(r"-?[0-9]{1,19}")
 
 Denied = Literal["requests", "tokens", "day"]
 _DENIED: dict[int, Denied] = {1: "requests", 2: "tokens", 3: "day"}
@@ -187,9 +190,9 @@ def _decision(raw: list[Any]) -> Decision:
 class RedisLimits:
     """The shared backend. Each call is one round trip (EVALSHA; EVAL once after a script flush)."""
 
-    def __init__(self, url: str, *, timeout: float) -> None:
+    def __init__(self, url: str, *, timeout: float, **client_options: Any) -> None:
         # No retry inside the client: the caller bounds the whole call and has its own fallback.
-        self.client = bounded_client(url, timeout, retry=Retry(NoBackoff(), 0))
+        self.client = bounded_client(url, timeout, retry=Retry(NoBackoff(), 0), **client_options)
         self._admit = self.client.register_script(_ADMIT)
         self._settle = self.client.register_script(_SETTLE)
 
@@ -239,11 +242,11 @@ class RedisLimits:
 
 
 def parse_usage(fields: dict[str, str]) -> dict[str, Usage]:
-    """``model|field -> count`` hash fields as one Usage per model."""
+    """``model|field -> count`` hash fields as one Usage per model; a field holding no count is skipped."""
     counts: dict[str, dict[str, int]] = {}
     for name, value in fields.items():
         model, _, kind = name.rpartition("|")
-        if kind in USAGE_FIELDS and value.lstrip("-").isdigit():
+        if kind in USAGE_FIELDS and USAGE_COUNT.fullmatch(value):
             counts.setdefault(model, {})[kind] = int(value)
     return {model: Usage(**values) for model, values in sorted(counts.items())}
 

@@ -5,7 +5,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as redis_asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.store.breaker import CircuitBreaker
 
@@ -17,6 +17,10 @@ REMOVE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('de
 # put team limits on memory for a cooldown (fuzzing admitted 1.8x a team's budget in a burst).
 MAX_CONNECTIONS = 100
 STORE_ERRORS = (RedisError, OSError, TimeoutError)
+# Client options for commands that show what the store holds (never the request path): bytes that
+# are not UTF-8 come back as lone surrogates, escaped when shown, and go back out unchanged (a key
+# listed can be read and deleted), where strict decoding failed the whole listing.
+READ_ANY_BYTES: dict[str, Any] = {"encoding_errors": "surrogateescape"}
 
 T = TypeVar("T")
 
@@ -47,8 +51,8 @@ class RedisStore:
 
     shared = True
 
-    def __init__(self, url: str, *, timeout: float, cooldown: float) -> None:
-        self._client = bounded_client(url, timeout)
+    def __init__(self, url: str, *, timeout: float, cooldown: float, **client_options: Any) -> None:
+        self._client = bounded_client(url, timeout, **client_options)
         self._breaker = CircuitBreaker(cooldown, "learned-state store")
 
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -57,7 +61,8 @@ class RedisStore:
         try:
             result = await call()
         except STORE_ERRORS as exc:
-            self._breaker.failed(exc, "learned state from this replica's memory")
+            if not _wrong_type(exc):
+                self._breaker.failed(exc, "learned state from this replica's memory")
             raise
         self._breaker.succeeded()
         return result
@@ -95,6 +100,11 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _wrong_type(exc: BaseException) -> bool:
+    """Redis answered that this one key holds another type: not a sign that it is down."""
+    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
 def _glob_escape(text: str) -> str:

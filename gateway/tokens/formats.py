@@ -66,18 +66,28 @@ _RENDERED_PROPERTY_KEYS: Final = frozenset({"type", "description", "enum"})
 TextCounter = Callable[[str], int]
 
 
+class NestedTooDeeply(ValueError):
+    """A value nested past the recursion limit: neither JSON nor a repr of it can be written."""
+
+
 def compact_json(value: object, *, sort_keys: bool = False) -> str:
     """`value` as compact JSON, whatever it holds: what orjson refuses (lone surrogates, non-string
     keys, more than 254 levels) goes through `json`, and what that refuses too (keys it cannot
-    write or sort, nesting past the recursion limit) as its repr."""
+    write or sort) as its repr. Nesting past the recursion limit raises NestedTooDeeply: the repr
+    recurses as deep, and no stand-in text would count or key the value truly."""
     try:
         return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
     except TypeError:
         pass
     try:
-        return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
-    except (TypeError, ValueError, RecursionError):
-        return repr(value)
+        try:
+            return json.dumps(
+                value, default=str, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys
+            )
+        except (TypeError, ValueError):
+            return repr(value)
+    except RecursionError:
+        raise NestedTooDeeply("a value nests too deeply to write as JSON") from None
 
 
 class PromptRules:

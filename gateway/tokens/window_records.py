@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import orjson
+from redis.exceptions import ResponseError
 
 from gateway.store.base import Store
 from gateway.tokens import discovery
@@ -51,16 +52,33 @@ def _discovered(model: str, raw: str) -> WindowRecord | None:
     return WindowRecord(model, "discovered", found.window, f"stated by {found.server}", expires_at)
 
 
-async def list_records(store: Store, limit: int) -> list[WindowRecord]:
+@dataclass(frozen=True, slots=True)
+class WindowListing:
+    records: list[WindowRecord]
+    # Keys under the gateway's prefixes holding no window record: not one it wrote (another type,
+    # not JSON, not UTF-8), or one Redis refuses to read (WRONGTYPE, an ACL).
+    unreadable: int
+
+
+async def list_records(store: Store, limit: int) -> WindowListing:
     """Learned and discovered windows in the store, by model name (up to ``limit`` of each kind)."""
     records: list[WindowRecord] = []
+    unreadable = 0
     for prefix, parse in ((LEARNED_PREFIX, _learned), (discovery.DISCOVERED_PREFIX, _discovered)):
         for key in await store.keys(prefix, limit):
-            raw = await store.get(key)
-            record = None if raw is None else parse(key[len(prefix) :], raw)
-            if record is not None:
+            try:
+                raw = await store.get(key)
+            except ResponseError:  # this key only: an unreachable store raises ConnectionError
+                unreadable += 1
+                continue
+            if raw is None:  # expired since it was listed
+                continue
+            record = parse(key[len(prefix) :], raw)
+            if record is None:
+                unreadable += 1
+            else:
                 records.append(record)
-    return sorted(records, key=lambda record: (record.model, record.source))
+    return WindowListing(sorted(records, key=lambda record: (record.model, record.source)), unreadable)
 
 
 async def forget(store: Store, model: str) -> int:

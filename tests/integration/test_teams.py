@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from gateway.cli import main
 from gateway.policy.keys import hash_key
-from gateway.policy.limits import RedisLimits, Usage
+from gateway.policy.limits import DAY_SECONDS, RedisLimits, Usage, usage_key
 from tests.conftest import GatewayFactory
 from tests.fakes.serve import serve_in_thread
 from tests.fakes.upstream import FakeUpstream
@@ -415,6 +415,41 @@ def test_usage_command_prints_the_records(
     assert "--day must be a date" in capsys.readouterr().err
     assert main(["usage", "--config", str(config), "--team", "x}{\n" * 100]) == 2
     assert "--team must be a team name" in capsys.readouterr().err
+
+
+def test_usage_command_skips_counts_it_cannot_read_and_escapes_model_names(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = team_name()
+    key = usage_key(team, int(time.time() // DAY_SECONDS))
+    raw = redis.Redis.from_url(redis_url)  # bytes in, bytes out: writes what the gateway never would
+    raw.hset(
+        key,
+        mapping={
+            "superscript|requests": "\u00b2",  # str.isdigit() says yes, int() says no
+            "huge|prompt": "9" * 5000,  # past int()'s 4300-digit limit
+            "dashes|saved": "--5",
+            "bytes|completion": b"\xff",
+            "evil\x1b[2J\nforged|requests": "5",
+            b"name\xff|requests": "7",
+            "fine|requests": "3",
+        },
+    )
+    raw.expire(key, 60)
+    try:
+        monkeypatch.setenv("GATEWAY_REDIS_URL", redis_url)
+        assert main(["usage", "--team", team]) == 0
+        out = capsys.readouterr().out
+        rows = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith(team)}
+        assert rows == {
+            "evil\\x1b[2J\\nforged": ["5", "0", "0", "0"],
+            "fine": ["3", "0", "0", "0"],
+            "name\\udcff": ["7", "0", "0", "0"],
+        }
+        assert "\x1b" not in out
+    finally:
+        raw.delete(key)
+        raw.close()
 
 
 def test_team_metrics_use_team_names_only(

@@ -171,6 +171,81 @@ def test_two_replicas_share_list_and_forget_learned_windows(
         assert fresh.headers["x-gateway-compression"] == "none"
 
 
+def test_windows_list_escapes_what_it_shows_and_skips_what_it_cannot_read(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records planted in Redis (the gateway never writes them) cost one skipped key or one
+    escaped line each: never a traceback, never a forged line or a terminal escape."""
+    tag = uuid.uuid4().hex[:8]
+    planted: dict[bytes, bytes | None] = {
+        f"{KEY_PREFIX}{discovery.store_key(f'fz-{tag}-bytes')}".encode(): b"\xff\xfe",
+        f"{KEY_PREFIX}{learned_key(f'fz-{tag}-hash')}".encode(): None,  # a hash, not a string
+        f"{KEY_PREFIX}{discovery.store_key(f'fz-{tag}-')}".encode() + b"\xff": orjson.dumps(
+            {"window": 4096, "server": "vllm", "expires_at": time.time() + 60}
+        ),
+        f"{KEY_PREFIX}{discovery.store_key(f'fz-{tag}-forger')}".encode(): orjson.dumps(
+            {"window": 4096, "server": "x\x1b[2J\nfz-forged\t1\tlearned", "expires_at": time.time() + 60}
+        ),
+    }
+    raw = redis.Redis.from_url(redis_url)  # bytes in, bytes out: writes what the gateway never would
+    try:
+        for key, value in planted.items():
+            if value is None:
+                raw.hset(key, "a", "b")
+            else:
+                raw.set(key, value, ex=60)
+        monkeypatch.setenv("GATEWAY_REDIS_URL", redis_url)
+        assert main(["windows", "list"]) == 0
+        captured = capsys.readouterr()
+        rows = [line.split("\t") for line in captured.out.splitlines()]
+        assert all(len(row) == 5 for row in rows)  # the forged newline and tabs stay in one line
+        mine = {row[0]: row for row in rows if row[0].startswith(f"fz-{tag}")}
+        assert set(mine) == {f"fz-{tag}-\\udcff", f"fz-{tag}-forger"}
+        assert mine[f"fz-{tag}-forger"][4] == "stated by x\\x1b[2J\\nfz-forged\\t1\\tlearned"
+        assert "\x1b" not in captured.out
+        assert "hold no window record it wrote; skipped" in captured.err
+        assert "unreachable" not in captured.err  # a key of another type is not an outage
+        # A name that is not UTF-8 (argv decodes it as the listing does) can be forgotten.
+        assert main(["windows", "forget", f"fz-{tag}-\udcff"]) == 0
+        assert capsys.readouterr().out == f"fz-{tag}-\\udcff: 1 record(s) removed\n"
+    finally:
+        raw.delete(*planted)
+        raw.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis://127.0.0.1:1/0", "ConnectionError"),
+        ("redis://127.0.0.1:6379/99", "ResponseError: DB index is out of range"),
+    ],
+    ids=["unreachable", "no-such-database"],
+)
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["windows", "list"], "windows list"),
+        (["windows", "forget", "m"], "windows forget"),
+        (["usage"], "usage"),
+    ],
+)
+def test_store_commands_on_a_redis_they_cannot_use_say_so_in_one_line(
+    redis_url: str,
+    url: str,
+    reason: str,
+    command: list[str],
+    named: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GATEWAY_REDIS_URL", url)
+    monkeypatch.setenv("GATEWAY_TEAMS", orjson.dumps({"t": {"keys": ["sha256:" + "0" * 64]}}).decode())
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"context-gateway: {named}: ") and err.count("\n") == 1
+    assert f"Redis at {url} failed: {reason}" in err
+
+
 def test_windows_commands_without_redis_say_why(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

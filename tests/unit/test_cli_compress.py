@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import orjson
@@ -126,6 +127,43 @@ def test_compress_calls_a_summarizer_when_given_its_url(
         m["content"] for m in orjson.loads(captured.out)["messages"] if "what they held" in m["content"]
     )
     assert fake.calls == 1 and "\nNotes: " in marker and "summary within" in captured.err.decode()
+    assert "gave no summary" not in captured.err.decode()
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("notaurl", "must start with http:// or https://"),
+        ("ftp://x/v1", "must start with http:// or https://"),
+        ("http://:8000/v1", "has no host"),
+        ("http://x:99999/v1", "has an invalid port"),
+        ("http://x/v1\r\nHost: y", "must not contain control characters"),
+    ],
+)
+def test_compress_refuses_a_summarizer_url_the_config_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, named: str
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(_chat_body(30)))
+    argv = ["compress", "--model", "gpt-4o", "--budget", "4000", "--summarizer-url", url, str(request)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"context-gateway: --summarizer-url {named}")
+    assert captured.err.count("\n") == 1
+
+
+def test_compress_says_when_the_summarizer_gave_nothing(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(_chat_body(30)))
+    argv = ["compress", "--model", "gpt-4o", "--budget", "4000", "--summarizer-url", dead, str(request)]
+    assert main(argv) == 0  # the digest stands in, as in the gateway
+    err = capsysbinary.readouterr().err.decode()
+    assert f"summarizer at {dead} gave no summary for 1 of 1 dropped span(s) (unreachable)" in err
 
 
 @pytest.mark.parametrize(

@@ -624,3 +624,72 @@ def test_values_orjson_cannot_write_are_compressed_like_any_other(odd: dict[str,
         except ContextBudgetExceeded:
             continue
         assert result.tokens_after <= budget
+
+
+def nested(depth: int, into: Any = list) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value] if into is list else {"a": value}
+    return value
+
+
+LONG_TALK = [
+    {"role": "user" if turn % 2 == 0 else "assistant", "content": f"turn {turn}: " + prose(400)}
+    for turn in range(12)
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "named"),
+    [
+        ({"budget_tokens": float("nan")}, TypeError, "budget_tokens must be an int, got float"),
+        ({"budget_tokens": float("-inf")}, TypeError, "budget_tokens must be an int, got float"),
+        ({"budget_tokens": 2000.5}, TypeError, "budget_tokens must be an int, got float"),
+        ({"budget_tokens": None}, TypeError, "budget_tokens must be an int, got NoneType"),
+        ({"budget_tokens": "2000"}, TypeError, "budget_tokens must be an int, got str"),
+        ({"budget_tokens": True}, TypeError, "budget_tokens must be an int, got bool"),
+        ({"messages": "hello"}, TypeError, "messages must be a list of dicts, got str"),
+        (
+            {"messages": {"role": "user", "content": "hi"}},
+            TypeError,
+            "messages must be a list of dicts, got dict",
+        ),
+        ({"messages": [*LONG_TALK, None]}, TypeError, "messages[12] must be a dict, got NoneType"),
+        ({"model": None}, TypeError, "model must be a str, got NoneType"),
+        ({"tools": "abc"}, TypeError, "tools must be a list of dicts, got str"),
+        ({"aggressive": "yes"}, TypeError, "aggressive must be a bool, got str"),
+        ({"options": {"digest_ratio": 0}}, TypeError, "options must be a CompressionOptions, got dict"),
+        (
+            {"summaries": ["a summary"]},
+            TypeError,
+            "summaries must be a mapping of span keys to str, got list",
+        ),
+        ({"summaries": {"key": 5}}, TypeError, "summaries must map span keys (str) to summaries (str)"),
+        (
+            {"messages": [{"role": "user", "content": nested(5000)}, *LONG_TALK]},
+            ValueError,
+            "messages: a message nests values too deeply",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": nested(5000, dict)}}]},
+            ValueError,
+            "tools: a tool definition nests values too deeply",
+        ),
+    ],
+)
+def test_fit_names_the_argument_a_library_caller_got_wrong(
+    arguments: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    call: dict[str, Any] = {"messages": LONG_TALK, "model": MODEL, "budget_tokens": 2000, **arguments}
+    with pytest.raises(error) as raised:
+        fit(**call)
+    assert str(raised.value).startswith(named)
+    assert fit(LONG_TALK, model=MODEL, budget_tokens=2000).stages  # the same call, well formed, fits
+
+
+def test_compact_json_refuses_what_it_cannot_write_cleanly() -> None:
+    from gateway.tokens.formats import NestedTooDeeply, compact_json
+
+    assert compact_json(nested(600)) == "[" * 600 + '"x"' + "]" * 600  # past orjson's 254, within json's
+    with pytest.raises(NestedTooDeeply):
+        compact_json(nested(5000))

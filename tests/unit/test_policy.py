@@ -17,7 +17,7 @@ from starlette.datastructures import Headers
 from gateway.policy.answers import duration, rate_limit_headers
 from gateway.policy.chat import output_allowance
 from gateway.policy.config import TeamLimits
-from gateway.policy.keys import KeyIndex, hash_key, new_key, presented_key
+from gateway.policy.keys import MAX_PRESENTED_KEY, KeyIndex, hash_key, new_key, presented_key
 from gateway.policy.limits import MemoryLimits, Usage
 from gateway.policy.streams import StreamMeter, ask_for_usage
 from gateway.settings import ConfigError, load_settings
@@ -423,6 +423,32 @@ def test_keys_commands(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.M
     monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
     assert main(["keys", "hash", "-"]) == 2
     assert "the key is empty" in capsys.readouterr().err
+
+
+def test_keys_hash_hashes_only_what_a_request_can_present(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from gateway.cli import main
+
+    # Spaces around the key are stripped from the argument as from stdin and from a presented key.
+    assert main(["keys", "hash", f"  {KEY}\t"]) == 0
+    assert capsys.readouterr().out.strip() == HASH
+    presented = presented_key(Headers({"authorization": f"Bearer  {KEY} "}))
+    assert presented is not None and hash_key(presented) == HASH
+    monkeypatch.setattr("sys.stdin", io.StringIO(f" {KEY} \n"))
+    assert main(["keys", "hash", "-"]) == 0
+    assert capsys.readouterr().out.strip() == HASH
+    # What the gateway refuses, or what a header cannot carry as given, is never hashed.
+    longest = "k" * MAX_PRESENTED_KEY
+    assert presented_key(Headers({"x-api-key": longest + "k"})) is None
+    assert main(["keys", "hash", longest]) == 0
+    assert capsys.readouterr().out.strip() == hash_key(longest)
+    for key, named in [("k" * 513, "over 512"), ("   ", "empty"), ("cgw-clé", "ASCII"), ("a\x1bb", "ASCII")]:
+        assert main(["keys", "hash", key]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and named in captured.err
 
 
 @pytest.mark.parametrize("team", ["research", "a", "t.e_a-m9", "x" * 64])

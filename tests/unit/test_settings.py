@@ -99,6 +99,16 @@ def test_models_from_json_environment() -> None:
         ("", {"GATEWAY_MODELS": "{not json"}, "GATEWAY_MODELS must be JSON"),
         ("- a list\n", {}, "must hold a mapping"),
         ("server: [1\n", {}, "not valid YAML"),
+        # An alias bomb: the nesting check walks each shared list once, not a billion times.
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n"
+                for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+            ),
+            {},
+            "unknown config key a",
+        ),
         ("", {"GATEWAY_COMPRESSION_CUT_QUANTUM": "3"}, "cut_quantum"),
         ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "8"}, "aged_step_cap must be at least 32"),
         ("compression:\n  aged_step_cap: [64]\n", {}, "aged_step_cap must be a number"),
@@ -123,6 +133,40 @@ def test_serve_with_bad_config_exits_cleanly(tmp_path: Path, capsys: pytest.Capt
 def test_missing_config_file_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--config", "/nonexistent/gateway.yaml"]) == 2
     assert "cannot read config file" in capsys.readouterr().err
+
+
+DEEP_LIST = "[" * 990 + "]" * 990
+
+
+@pytest.mark.parametrize(
+    ("contents", "environ", "named"),
+    [
+        (b"\xff\xfe: 1\n", {}, "bad.yaml is not UTF-8 text (byte 0)"),
+        (b"[" * 10_000 + b"]" * 10_000, {}, "bad.yaml nests values deeper than 16 levels"),
+        (None, {"GATEWAY_MODELS": "[" * 5_000 + "]" * 5_000}, "GATEWAY_MODELS nests values deeper"),
+        (None, {"GATEWAY_TEAMS": "[" * 5_000 + "]" * 5_000}, "GATEWAY_TEAMS nests values deeper"),
+        # Within the parser's reach, but deeper than the messages that quote a value can go.
+        (None, {"GATEWAY_MODELS": f'{{"m": {{"context_window": {DEEP_LIST}}}}}'}, "GATEWAY_MODELS nests"),
+    ],
+)
+@pytest.mark.parametrize("command", [["serve"], ["windows", "resolve", "gpt-4o"]])
+def test_unreadable_or_too_deep_config_is_a_configuration_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    contents: bytes | None,
+    environ: dict[str, str],
+    named: str,
+    command: list[str],
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_bytes(contents or b"{}\n")
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert main([*command, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("context-gateway: configuration error:") and named in err
+    assert "Traceback" not in err
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
