@@ -194,7 +194,7 @@ def prompt_tokens(usage: object) -> int | None:
         return None
     for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
         value += reported_count(usage.get(cached)) or 0
-    return value
+    return reported_count(value)  # three plausible parts can still add up to an implausible whole
 
 
 def reported_count(value: object) -> int | None:

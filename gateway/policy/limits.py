@@ -23,7 +23,7 @@ import datetime
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from redis.asyncio.retry import Retry
@@ -69,6 +69,10 @@ class Usage:
     prompt: int = 0
     completion: int = 0
     saved: int = 0
+
+    def within(self, ceiling: int) -> Usage:
+        """The usage with each count held to `ceiling` (what one request could use at most)."""
+        return replace(self, prompt=min(self.prompt, ceiling), completion=min(self.completion, ceiling))
 
 
 def team_tag(team: str) -> str:

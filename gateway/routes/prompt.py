@@ -42,6 +42,7 @@ from gateway.policy.named_models import query_models
 from gateway.policy.streams import StreamMeter, metered, usage_counts
 from gateway.proxy_headers import to_client
 from gateway.relay import (
+    MAX_REPORTED_TOKENS,
     ErrorEvent,
     RelayStream,
     cancel_safely,
@@ -196,6 +197,14 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
         raise
 
 
+def usage_ceiling(runtime: Runtime, model: str) -> int:
+    """The most one request's prompt or output can count: twice the model's window (a learned
+    window may sit below the real one), else any plausible count. An answer claiming 999,999,999
+    prompt tokens for a 13-token prompt once held its team's per-minute budget for 333 hours."""
+    window = runtime.windows.resolve_window(model).tokens if model else None
+    return MAX_REPORTED_TOKENS if window is None else min(MAX_REPORTED_TOKENS, 2 * window)
+
+
 def _summary_charge(runtime: Runtime, team: Team | None) -> Charge | None:
     """A team's summaries are its usage, recorded under the summarizer's model, marked as such."""
     if team is None or runtime.summarizer is None:
@@ -308,11 +317,12 @@ async def _forward(
         if admission is not None:
             meter = StreamMeter(strip=strip_usage)
             settled = admission
+            ceiling = usage_ceiling(runtime, chat.model)
 
             def settle() -> None:
                 # A refusal in a stream settles at zero, as one with an error status does.
                 usage = Usage(requests=1) if refused else meter.settlement(final_plan.tokens_after, saved)
-                runtime.in_background(runtime.policy.settle(settled, chat.model, usage))
+                runtime.in_background(runtime.policy.settle(settled, chat.model, usage.within(ceiling)))
 
             stream = metered(stream, meter, on_end=settle)
         response: Response = RelayStream(stream, status_code=attempt.reply.status)
@@ -328,6 +338,7 @@ async def _forward(
             prompt, completion = usage_counts(reported_usage) or (final_plan.tokens_after, 0)
             usage = Usage(requests=1, prompt=prompt, completion=completion, saved=saved)
         if admission is not None:
+            usage = usage.within(usage_ceiling(runtime, chat.model))
             runtime.in_background(runtime.policy.settle(admission, chat.model, usage))
         response = Response(body, status_code=attempt.reply.status)
         headers.append((b"content-length", str(len(body)).encode()))

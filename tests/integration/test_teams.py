@@ -830,11 +830,16 @@ def test_no_encoding_or_spelling_slips_a_model_past_the_team_list(
     assert sdp.status_code == 404 and fake_upstream.received[-1].body == b"v=0\r\n"  # reached the upstream
 
 
-def test_a_usage_no_model_could_spend_is_not_charged(start_gateway: GatewayFactory, redis_url: str) -> None:
+@pytest.mark.parametrize("claimed", [2**64 - 1, 999_999_999])
+def test_a_usage_no_request_could_spend_is_not_charged(
+    start_gateway: GatewayFactory, redis_url: str, claimed: int
+) -> None:
     """An upstream (or anything posing as one) reporting 2**64 - 1 prompt tokens set the team's
     day to 1.8e19 in Redis: every later request that day answered 429, and the settlement
-    script failed on the number. Such a count is not usage: the gateway's own count stands."""
-    absurd = {"prompt_tokens": 2**64 - 1, "completion_tokens": 5, "total_tokens": 4}
+    script failed on the number. One reporting 999,999,999 for a 13-token prompt held the team's
+    per-minute budget for 333 hours. No count is charged beyond what one request could use (twice
+    the model's window); an implausible one gives way to the gateway's own count."""
+    absurd = {"prompt_tokens": claimed, "completion_tokens": 5, "total_tokens": 4}
 
     async def completions(request: Request) -> JSONResponse:
         answer = {"role": "assistant", "content": "ok"}
@@ -844,7 +849,8 @@ def test_a_usage_no_model_could_spend_is_not_charged(start_gateway: GatewayFacto
     app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
     with serve_in_thread(app) as upstream:
         team = team_name()
-        teams = {team: {"keys": [hash_key(KEY)], "limits": {"tokens_per_day": 100_000}}}
+        limits = {"tokens_per_day": 10_000_000, "tokens_per_minute": 2_000_000}
+        teams = {team: {"keys": [hash_key(KEY)], "limits": limits}}
         url = start_gateway(
             GATEWAY_UPSTREAM_BASE_URL=upstream + "/v1",
             GATEWAY_TEAMS=json.dumps(teams),
@@ -858,7 +864,7 @@ def test_a_usage_no_model_could_spend_is_not_charged(start_gateway: GatewayFacto
         after = httpx.post(url + "/chat/completions", json=body, headers=headers)
     assert [answer.status_code for answer in [*answers, after]] == [200] * 4
     [usage] = recorded_usage(redis_url, team).values()
-    assert 0 < usage.prompt < 100 and usage.completion < 100  # the gateway's own count of "hi"
+    assert 0 < usage.prompt <= 4 * 2 * 128_000 and usage.completion < 100  # gpt-4o: a 128k window
 
 
 def test_another_spelling_of_a_prompt_route_is_that_route(
