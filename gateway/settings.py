@@ -363,7 +363,10 @@ def summarizer_url_problem(url: str) -> str | None:
 
 def http_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be an upstream base URL, or None. Never quotes credentials."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a broken IPv6 host ("http://[::1/v1")
+        return "is not a valid URL"
     if parts.scheme not in ("http", "https"):
         return f"must start with http:// or https:// (got {redact_url(url)!r})"
     if not parts.hostname:
@@ -376,7 +379,10 @@ def http_url_problem(url: str) -> str | None:
 
 
 def _redis_url_problem(url: str) -> str | None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "is not a valid URL"
     if parts.scheme not in REDIS_SCHEMES:
         return f"must start with redis://, rediss:// or unix:// (got {redact_url(url)!r})"
     if parts.scheme != "unix" and not parts.hostname:
@@ -392,12 +398,16 @@ def _redis_url_problem(url: str) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its user and password, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    """``url`` without its user and password, for logs and error messages (one that cannot be
+    parsed is not shown at all: where its credentials end is unknown)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None and parts.username is None:
+            return url
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:  # a broken IPv6 host, or a port that is no number
+        return "(a URL that cannot be parsed)"
     return parts._replace(netloc=netloc).geturl()
 
 

@@ -39,10 +39,15 @@ FORM_FIELD_LIMIT = 64 * 1024
 # A file part's line held before the form has said purpose=batch (most uploads are audio or
 # documents, with no lines at all: they are not held whole).
 UNDECLARED_LINE_BYTES = 64 * 1024
-# What servers drop from a query parameter's name: array brackets, control characters, spaces.
-_QUERY_NAME_NOISE = re.compile(r"\[[^\]]*\]|[\x00-\x20\x7f]")
+# What servers drop from a field's name: array brackets, control characters, spaces.
+_NAME_NOISE = re.compile(r"\[[^\]]*\]|[\x00-\x20\x7f]")
+# In a header's parameters, outside quoted strings (a filename may hold "; name=").
+_QUOTED = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _AMBIGUOUS_NAME = re.compile(rb"(^|;)\s*name\*", re.IGNORECASE)
 _NAME_PARAMETER = re.compile(rb"(?:^|;)\s*name\s*=", re.IGNORECASE)
+_BOUNDARY_PARAMETER = re.compile(rb"(?:^|;)\s*boundary\s*=", re.IGNORECASE)
+# A file part read as JSON Lines whatever `purpose` says later (the Node SDK sends it last).
+_JSON_FILE_NAMES = (b".jsonl", b".ndjson", b".json")
 
 
 def models_named(body: bytes, content_type: str) -> list[str]:
@@ -80,7 +85,13 @@ def query_models(query_string: bytes) -> list[str]:
     """The `model` parameters of a query string (OpenAI's Realtime calls name the model there),
     spelled as any server might read one: `;` as a separator, any case, `model[]`, a NUL."""
     pairs = parse_qsl(query_string.decode("latin-1").replace(";", "&"), keep_blank_values=True)
-    return [value for name, value in pairs if _QUERY_NAME_NOISE.sub("", name).lower() == "model"]
+    return [value for name, value in pairs if field_name(name) == "model"]
+
+
+def field_name(name: str) -> str:
+    """A form or query field's name as the most lenient server reads it: `Model`, `model[]` and
+    `model\\0` are all `model` to some."""
+    return _NAME_NOISE.sub("", name).lower()
 
 
 def media_type(content_type: str) -> str:
@@ -169,7 +180,7 @@ def _urlencoded_models(body: bytes) -> list[str]:
         fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
     except UnicodeDecodeError:
         raise GatewayError(400, "The form body is not valid UTF-8.") from None
-    return [value for name, value in fields if name == "model"]
+    return [value for name, value in fields if field_name(name) == "model"]
 
 
 class LineSplitter:
@@ -222,6 +233,9 @@ class FormScan:
     def __init__(self, content_type: str, max_line_bytes: int, allowed: Callable[[str], bool]) -> None:
         _, options = parse_options_header(content_type)
         boundary = options.get(b"boundary")
+        if len(_BOUNDARY_PARAMETER.findall(_QUOTED.sub(b'""', content_type.encode("latin-1")))) > 1:
+            # Parsers differ on which of two boundaries counts: the body would read two ways.
+            raise GatewayError(400, "The Content-Type names two multipart boundaries.", param="content-type")
         if not boundary:
             raise GatewayError(400, "A multipart/form-data body needs a boundary in its Content-Type.")
         self._allowed = allowed
@@ -229,8 +243,9 @@ class FormScan:
         self._parser = MultipartParser(boundary, self._callbacks())
         self._field = bytearray()
         self._value = bytearray()
-        self._name: bytes | None = None
+        self._name: str | None = None  # as field_name reads it
         self._named = False  # the part's Content-Disposition was read
+        self._json_file = False  # its filename or Content-Type says JSON
         self._held = bytearray()  # the value of a `model` or `purpose` part
         self._lines: LineSplitter | None = None  # in a `file` part
         self._batch = False
@@ -267,6 +282,7 @@ class FormScan:
             "on_header_field": lambda data, start, end: self._field.extend(data[start:end]),
             "on_header_value": lambda data, start, end: self._value.extend(data[start:end]),
             "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
             "on_part_data": self._part_data,
             "on_part_end": self._part_end,
         }
@@ -274,31 +290,49 @@ class FormScan:
     def _part_begin(self) -> None:
         self._name = None
         self._named = False
+        self._json_file = False
         self._held.clear()
         self._lines = None
 
     def _header_end(self) -> None:
-        if bytes(self._field).strip().lower() == b"content-disposition":
+        field = bytes(self._field).strip().lower()
+        if field == b"content-disposition":
             value = bytes(self._value)
-            if self._named or _AMBIGUOUS_NAME.search(value) or len(_NAME_PARAMETER.findall(value)) > 1:
-                # Parsers differ on these (RFC 2231 `name*=`, a repeated name or header): one an
-                # upstream reads as `model` or `file` would go unchecked here.
-                raise GatewayError(400, "A multipart part names itself ambiguously (Content-Disposition).")
+            unquoted = _QUOTED.sub(b'""', value)
+            parameters = parse_options_header(value)[1]
+            name = parameters.get(b"name", b"")
+            if (
+                self._named
+                or _AMBIGUOUS_NAME.search(unquoted)
+                or len(_NAME_PARAMETER.findall(unquoted)) > 1
+                or b"\\" in name
+            ):
+                # Parsers differ on these (RFC 2231 `name*=`, a repeated name or header, a quoted
+                # escape): one an upstream reads as `model` or `file` would go unchecked here.
+                raise GatewayError(
+                    400, "A multipart part names itself ambiguously.", param="content-disposition"
+                )
             self._named = True
-            self._name = parse_options_header(value)[1].get(b"name")
-            if self._name == b"file":
-                # Before the form says batch, a file is not held for more than a short line.
-                cap = self._max_line if self._batch else UNDECLARED_LINE_BYTES
-                self._lines = LineSplitter(cap, "the batch file", "file")
+            self._name = field_name(name.decode("latin-1"))
+            self._json_file = parameters.get(b"filename", b"").lower().endswith(_JSON_FILE_NAMES)
+        elif field == b"content-type":
+            self._json_file = self._json_file or b"json" in bytes(self._value).lower()
         self._field.clear()
         self._value.clear()
 
+    def _headers_finished(self) -> None:
+        if self._name == "file":
+            # Before the form says batch, a file is held a short line at a time, unless it is named
+            # as JSON Lines: audio has no lines to hold.
+            cap = self._max_line if self._batch or self._json_file else UNDECLARED_LINE_BYTES
+            self._lines = LineSplitter(cap, "the batch file", "file")
+
     def _part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._name in (b"model", b"purpose"):
+        if self._name in ("model", "purpose"):
             self._held += data[start:end]
             if len(self._held) > FORM_FIELD_LIMIT:
-                name = self._name.decode("latin-1")
-                raise GatewayError(400, f"The form field '{name}' is longer than {FORM_FIELD_LIMIT:,} bytes.")
+                message = f"The form field '{self._name}' is longer than {FORM_FIELD_LIMIT:,} bytes."
+                raise GatewayError(400, message, param=self._name)
         elif self._lines is not None:
             try:
                 lines = self._lines.feed(data[start:end])
@@ -310,7 +344,7 @@ class FormScan:
                 self._line_error = self._line_error or GatewayError(
                     400,
                     f"{too_long.message[:-1]} before the form said purpose=batch: send `purpose` "
-                    "before the file.",
+                    "before the file, or name the file .jsonl.",
                     param="file",
                 )
                 self._lines = None
@@ -318,11 +352,11 @@ class FormScan:
             self._read_lines(lines)
 
     def _part_end(self) -> None:
-        if self._name == b"model":
+        if self._name == "model":
             model = self._held.decode("utf-8", errors="replace")
             if self._refused is None and not self._allowed(model):
                 self._refused = model
-        elif self._name == b"purpose":
+        elif self._name == "purpose":
             self._batch |= self._held.strip().lower() == b"batch"
         elif self._lines is not None:
             self._read_lines([self._lines.finish()])

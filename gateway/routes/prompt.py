@@ -197,12 +197,20 @@ async def _handle(request: Request, dialect: Dialect) -> Response:
         raise
 
 
+# No model's window is larger (Llama 4 Scout states 10M tokens): a count past it is no one request's.
+LARGEST_WINDOW = 10_000_000
+
+
 def usage_ceiling(runtime: Runtime, model: str) -> int:
-    """The most one request's prompt or output can count: twice the model's window (a learned
-    window may sit below the real one), else any plausible count. An answer claiming 999,999,999
-    prompt tokens for a 13-token prompt once held its team's per-minute budget for 333 hours."""
-    window = runtime.windows.resolve_window(model).tokens if model else None
-    return MAX_REPORTED_TOKENS if window is None else min(MAX_REPORTED_TOKENS, 2 * window)
+    """The most one request's prompt or output can count: twice the model's window when this
+    upstream's window is known (configured, stated, discovered, or the model map's entry under
+    the exact name), else the largest window any model has. An answer claiming 999,999,999
+    prompt tokens for a 13-token prompt once held its team's per-minute budget for 333 hours; a
+    window matched by spelling alone is a guess, and under-charged real usage fivefold."""
+    window = runtime.windows.resolve_window(model) if model else None
+    if window is None or window.tokens is None or (window.source == "model_map" and window.detail != "exact"):
+        return LARGEST_WINDOW
+    return min(MAX_REPORTED_TOKENS, 2 * window.tokens)
 
 
 def _summary_charge(runtime: Runtime, team: Team | None) -> Charge | None:

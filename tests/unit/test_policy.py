@@ -20,6 +20,8 @@ from gateway.policy.config import TeamLimits
 from gateway.policy.keys import MAX_PRESENTED_KEY, KeyIndex, hash_key, new_key, presented_key
 from gateway.policy.limits import MemoryLimits, Usage
 from gateway.policy.streams import StreamMeter, ask_for_usage
+from gateway.routes.prompt import LARGEST_WINDOW, usage_ceiling
+from gateway.runtime import Runtime
 from gateway.settings import ConfigError, load_settings
 from tests.fakes import answers, anthropic_api, responses_api
 
@@ -483,3 +485,17 @@ def test_a_replica_share_of_the_limits() -> None:
     assert share(limits, 1) is limits
     assert share(limits, 2) == TeamLimits(32000, 501, None, 2)
     assert share(limits, 10) == TeamLimits(32000, 101, None, 1)  # never below one request
+
+
+def test_a_usage_is_held_to_what_one_request_could_use_where_the_window_is_known() -> None:
+    """Twice the window where this upstream's window is known; where the model map matched the
+    name by spelling alone (Llama-3.3-70B-Instruct: 12,288, against the 131,072 it serves), the
+    ceiling charged real usage a fifth of itself: no window but the largest any model has."""
+    runtime = Runtime.create(
+        load_settings(None, {"GATEWAY_MODELS": '{"my-llama": {"context_window": 8000}}'})
+    )
+    assert usage_ceiling(runtime, "gpt-4o") == 2 * 128_000
+    assert usage_ceiling(runtime, "my-llama") == 16_000
+    for guessed in ("Llama-3.3-70B-Instruct", "never-heard-of-it", ""):
+        assert usage_ceiling(runtime, guessed) == LARGEST_WINDOW
+    assert Usage(1, 999_999_999, 5).within(256_000) == Usage(1, 256_000, 5)

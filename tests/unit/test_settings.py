@@ -114,6 +114,14 @@ def test_models_from_json_environment() -> None:
         ("compression:\n  aged_step_cap: [64]\n", {}, "aged_step_cap must be a number"),
         ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "9" * 10_000}, "aged_step_cap must be a number"),
         ("", {"GATEWAY_COMPRESSION_AGED_STEP_CAP": "64\x00"}, "aged_step_cap must be a number"),
+        # urlsplit raises on these, and the port check of the redaction raised again: tracebacks.
+        (
+            "",
+            {"GATEWAY_UPSTREAM_BASE_URL": "http://u:pw@h:99999/v1"},
+            "upstream.base_url has an invalid port",
+        ),
+        ("", {"GATEWAY_UPSTREAM_BASE_URL": "http://[::1/v1"}, "upstream.base_url is not a valid URL"),
+        ("", {"GATEWAY_REDIS_URL": "redis://u:pw@h:x/0"}, "redis_url has an invalid port"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, yaml_text: str, env: dict[str, str], fragment: str) -> None:
