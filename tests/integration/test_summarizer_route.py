@@ -325,14 +325,7 @@ def test_a_summary_is_the_usage_of_the_team_whose_request_made_it(
     fake_upstream.window = WINDOW
     payer, other = "t" + uuid.uuid4().hex[:10], "t" + uuid.uuid4().hex[:10]
     teams = {payer: {"keys": [hash_key(PAYER_KEY)]}, other: {"keys": [hash_key(OTHER_KEY)]}}
-    url = start(
-        start_gateway,
-        summarizer,
-        GATEWAY_TEAMS=json.dumps(teams),
-        GATEWAY_REDIS_URL=redis_url,
-        GATEWAY_POLICY_STORE_TIMEOUT="2",
-        GATEWAY_COMPRESSION_SUMMARIZER_MODE=mode,
-    )
+    url = start_for_teams(start_gateway, summarizer, redis_url, teams, mode)
     messages = conversation(30)
     ask(url, messages, key=PAYER_KEY)
     wait_until(lambda: SUMMARIES in recorded_usage(redis_url, payer))
@@ -367,14 +360,7 @@ def test_a_summarizer_usage_no_call_could_spend_is_not_charged(
     summarizer.reported_usage = {"prompt_tokens": 2**64 - 1, "completion_tokens": 40, "total_tokens": 39}
     payer = "t" + uuid.uuid4().hex[:10]
     teams = {payer: {"keys": [hash_key(PAYER_KEY)], "limits": {"tokens_per_day": 1_000_000}}}
-    url = start(
-        start_gateway,
-        summarizer,
-        GATEWAY_TEAMS=json.dumps(teams),
-        GATEWAY_REDIS_URL=redis_url,
-        GATEWAY_POLICY_STORE_TIMEOUT="2",
-        GATEWAY_COMPRESSION_SUMMARIZER_MODE="inline",
-    )
+    url = start_for_teams(start_gateway, summarizer, redis_url, teams, "inline")
     header, _, _ = ask(url, conversation(30), key=PAYER_KEY)
     assert "summary" in header.split(",")
     wait_until(lambda: SUMMARIES in recorded_usage(redis_url, payer))
@@ -382,6 +368,24 @@ def test_a_summarizer_usage_no_call_could_spend_is_not_charged(
     assert recorded_usage(redis_url, payer)[SUMMARIES].completion == 40
     header, _, _ = ask(url, conversation(31), key=PAYER_KEY)  # the team's day is not used up
     assert header
+
+
+def start_for_teams(
+    start_gateway: GatewayFactory,
+    summarizer: FakeSummarizer,
+    redis_url: str,
+    teams: dict[str, Any],
+    mode: str,
+) -> str:
+    """A gateway for `teams` whose limits and usage live in Redis, summarizing in `mode`."""
+    return start(
+        start_gateway,
+        summarizer,
+        GATEWAY_TEAMS=json.dumps(teams),
+        GATEWAY_REDIS_URL=redis_url,
+        GATEWAY_POLICY_STORE_TIMEOUT="2",
+        GATEWAY_COMPRESSION_SUMMARIZER_MODE=mode,
+    )
 
 
 PAYER_KEY = "cgw-payer-team-key-0001"
