@@ -62,33 +62,34 @@ async def relay_unchanged(
     limit = runtime.settings.server.max_passthrough_body_bytes
     body: bytes | _Upload | None
     content_type = request.headers.get("content-type", "")
-    if team is not None and team.settings.models is not None:
+    listed = team if team is not None and team.settings.models is not None else None
+    if listed is not None:
         check_codings(request.headers)  # a compressed body's models cannot be read
         if len(request.headers.getlist("content-type")) > 1:  # parsers differ on which one holds
             raise GatewayError(
                 400, "The request names its Content-Type more than once.", param="content-type"
             )
         for model in query_models(request.scope["query_string"]):
-            runtime.policy.check_model(team, model)
-    if team is not None and team.settings.models is not None and media_type(content_type) == MULTIPART:
+            runtime.policy.check_model(listed, model)
+    if listed is not None and media_type(content_type) == MULTIPART:
         # An upload: its models are read as it streams on (gateway.policy.named_models.FormScan).
         scan = _TeamFormScan(
             runtime,
-            team,
-            FormScan(content_type, runtime.settings.server.max_body_bytes, team.settings.allows_model),
+            listed,
+            FormScan(content_type, runtime.settings.server.max_body_bytes, listed.settings.allows_model),
         )
         body = await _request_body(request, limit, scan)
         if not isinstance(body, _Upload):
             scan.feed(body or b"")
             scan.finish()
-    elif team is not None and team.settings.models is not None:
+    elif listed is not None:
         # The whole body is needed to read its model: buffered, within the request body limit.
         whole = await read_body(request, runtime.settings.server.max_body_bytes)
         for model in models_named(whole, content_type):
-            runtime.policy.check_model(team, model)
+            runtime.policy.check_model(listed, model)
         if creates_batch(request.method, request.scope["path"]):
             await _check_batch_input(
-                request, team, input_file_id(whole), runtime.settings.server.max_body_bytes
+                request, listed, input_file_id(whole), runtime.settings.server.max_body_bytes
             )
         has_body = whole or "content-length" in request.headers or "transfer-encoding" in request.headers
         body = whole if has_body else None
