@@ -49,7 +49,7 @@ REQUEST_DURATION = Histogram(
 )
 IN_FLIGHT = Gauge(
     "gateway_requests_in_flight",
-    "Requests being handled right now, streams included.",
+    "Requests being handled right now, streams included (probes and scrapes are not).",
     multiprocess_mode="livesum",
 )
 UPSTREAM_DURATION = Histogram(

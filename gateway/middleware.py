@@ -62,7 +62,10 @@ class RequestGuard:
         state["request_id"] = request_id
         state["record"] = record
         status = 0
-        metrics.IN_FLIGHT.inc()
+        # Probes and scrapes are not load: a scrape counted itself, so the gauge never read 0.
+        counted = record.route not in _UNLOGGED_ROUTES
+        if counted:
+            metrics.IN_FLIGHT.inc()
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -96,7 +99,8 @@ class RequestGuard:
             # Otherwise the answer had started: returning without finishing it makes uvicorn close
             # the connection, so the client sees a broken transfer, not a complete-looking one.
         finally:
-            metrics.IN_FLIGHT.dec()
+            if counted:
+                metrics.IN_FLIGHT.dec()
             record.status = status
             status_class = metrics.status_class(status)
             metrics.REQUESTS.labels(record.route, status_class).inc()

@@ -39,6 +39,7 @@ asks twice.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from gateway.log_safety import printable
 from gateway.middleware import REFUSED_STATUS, route_label
 from gateway.proxy_headers import GATEWAY_REQUEST_ID, new_request_id
 from gateway.request_log import RequestLines, RequestRecord
+from gateway.request_path import prompt_route_alias
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _TOO_LARGE = "The request's headers are larger than the gateway accepts."
@@ -100,6 +102,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     _body_progress = 0.0
     _body_started = 0.0
     _body_received = 0
+    _request_started = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
@@ -227,6 +230,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self.limits.header_timeout, self._header_timeout)
+        self._request_started = time.perf_counter()  # what a refusal's log line times from
 
     def _header_timeout(self) -> None:
         self._header_timer = None
@@ -293,7 +297,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 # that one's. The connection closes instead.
                 self.transport.close()
                 return
-        if anthropic_path(path):
+        if anthropic_path(prompt_route_alias(path) or path):  # `/v1/Messages` is Anthropic's too
             body = anthropic_error_body(message, anthropic_error_type(status))
         else:
             body = error_body(message, type="invalid_request_error", code="request_rejected")
@@ -310,7 +314,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         counted and logged as every answer is; an operator sees the attack in the metrics."""
         # The parser states a method once the request line is read (the url with it), else none.
         method = self.parser.get_method().decode("latin-1") if self.url else "-"
-        record = RequestRecord(new_request_id(), printable(method, 16), route_label(path))
+        record = RequestRecord(
+            new_request_id(), printable(method, 16), route_label(path), started=self._request_started
+        )
         record.status = status
         metrics.REQUESTS.labels(record.route, metrics.status_class(status)).inc()
         self.lines.write(record)

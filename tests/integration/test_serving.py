@@ -340,11 +340,11 @@ def test_a_worker_killed_outright_leaves_no_requests_in_flight_behind(
     try:
         killed = _workers_of(server)
         assert len(killed) == 2
-        idle = metric(server.origin, "gateway_requests_in_flight")  # (the scrape may count itself)
+        assert metric(server.origin, "gateway_requests_in_flight") == 0  # a scrape is no load
         with httpx.stream("POST", f"{server.origin}/v1/chat/completions", json=body, timeout=30) as stream:
             lines = stream.iter_lines()
             next(lines)  # the stream is in flight on one of the workers
-            assert metric(server.origin, "gateway_requests_in_flight") > idle
+            assert metric(server.origin, "gateway_requests_in_flight") == 1
             for pid in killed:
                 os.kill(pid, signal.SIGKILL)
             with pytest.raises(httpx.HTTPError):
@@ -356,7 +356,7 @@ def test_a_worker_killed_outright_leaves_no_requests_in_flight_behind(
         assert len(_workers_of(server) - killed) == 2  # both replaced
         while not _ready(server.origin) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert metric(server.origin, "gateway_requests_in_flight") == idle
+        assert metric(server.origin, "gateway_requests_in_flight") == 0
     finally:
         servers.stop(server)
 
@@ -380,36 +380,44 @@ def _raw_exchange(origin: str, request: bytes, then: bytes = b"") -> bytes:
 def test_requests_the_server_refuses_are_counted_logged_and_identified(
     tmp_path: Path, fake_upstream: FakeUpstream
 ) -> None:
-    """Headers too large, HTTP that cannot be parsed and a body that stalls are answered by the
-    server before (or beside) the app: they went uncounted, unlogged and without a request id,
-    and the stalled body was logged as the client's hang-up (499). An operator under attack
-    saw nothing."""
+    """Headers too large, HTTP that cannot be parsed, headers too slow and a body that stalls
+    are answered by the server before (or beside) the app: they went uncounted, unlogged and
+    without a request id, and the stalled body was logged as the client's hang-up (499). An
+    operator under attack saw nothing. Each line is timed from the request's first byte, and a
+    refusal on another spelling of Anthropic's route answers in Anthropic's shape."""
     server = _serve(
         tmp_path,
         fake_upstream,
         GATEWAY_SERVER_LOG_FORMAT="json",
         GATEWAY_SERVER_MAX_HEADER_BYTES="8192",
         GATEWAY_SERVER_BODY_TIMEOUT="0.5",
+        GATEWAY_SERVER_HEADER_TIMEOUT="0.5",
     )
     try:
         before = metric(server.origin, "gateway_requests_total", status="4xx")
         chat = b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
+        padded = b"x-pad: " + b"a" * 9000 + b"\r\ncontent-length: 2\r\n\r\n{}"
         answers = [
-            _raw_exchange(
-                server.origin, chat + b"x-pad: " + b"a" * 9000 + b"\r\ncontent-length: 2\r\n\r\n{}"
-            ),
+            _raw_exchange(server.origin, chat + padded),
             _raw_exchange(server.origin, b"GARBAGE / HTTP/1.1\r\n\r\n"),
             _raw_exchange(server.origin, chat + b"content-length: 100\r\n\r\n{", then=b'"model"'),
+            _raw_exchange(server.origin, chat),  # headers never finished
+            _raw_exchange(server.origin, chat.replace(b"/chat/completions", b"/Messages") + padded),
         ]
         statuses = [int(answer.split(b" ", 2)[1]) for answer in answers]
-        assert statuses == [431, 400, 408]
+        assert statuses == [431, 400, 408, 408, 431]
+        assert answers[4].endswith(b"}") and b'"type":"error"' in answers[4]  # Anthropic's shape
         ids = [re.search(rb"x-gateway-request-id: (\w+)", answer) for answer in answers]
         assert all(found is not None for found in ids)
-        assert metric(server.origin, "gateway_requests_total", status="4xx") - before == 3
+        assert metric(server.origin, "gateway_requests_total", status="4xx") - before == 5
         deadline = time.monotonic() + 10
-        while len(lines := _request_lines(server)) < 3 and time.monotonic() < deadline:
+        while len(lines := _request_lines(server)) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
-        logged = {line["request_id"]: line["status"] for line in lines}
-        assert [logged.get(found.group(1).decode()) for found in ids if found] == [431, 400, 408]
+        logged = {line["request_id"]: line for line in lines}
+        found_lines = [logged.get(found.group(1).decode(), {}) for found in ids if found]
+        assert [line.get("status") for line in found_lines] == [431, 400, 408, 408, 431]
+        assert found_lines[3]["duration_ms"] >= 400  # the headers' 0.5 s, not the refusal's instant
+        # Scrapes are not load: at rest, nothing is in flight.
+        assert metric(server.origin, "gateway_requests_in_flight") == 0
     finally:
         servers.stop(server)
