@@ -51,10 +51,9 @@ async def input_file_models(chunks: AsyncIterator[bytes], max_line_bytes: int) -
     at a time, at most `max_line_bytes`)."""
     lines = LineSplitter(max_line_bytes, "the batch's input file", "input_file_id")
     async for chunk in chunks:
-        fed = lines.feed(chunk)
-        for number, line in enumerate(fed, start=lines.number - len(fed) + 1):
+        for number, line in lines.feed(chunk):
             for model in batch_line_models(line, number, param="input_file_id"):
                 yield model
-    last = lines.finish()
-    for model in batch_line_models(last, lines.number, param="input_file_id"):
+    number, last = lines.finish()
+    for model in batch_line_models(last, number, param="input_file_id"):
         yield model

@@ -84,7 +84,12 @@ def _lenient_json(body: bytes) -> bool:
 def query_models(query_string: bytes) -> list[str]:
     """The `model` parameters of a query string (OpenAI's Realtime calls name the model there),
     spelled as any server might read one: `;` as a separator, any case, `model[]`, a NUL."""
-    pairs = parse_qsl(query_string.decode("latin-1").replace(";", "&"), keep_blank_values=True)
+    return _model_values(query_string.decode("latin-1").replace(";", "&"))
+
+
+def _model_values(fields: str) -> list[str]:
+    """The values of the `model` fields of `name=value&...` text, the name spelled any way."""
+    pairs = parse_qsl(fields, keep_blank_values=True)
     return [value for name, value in pairs if field_name(name) == "model"]
 
 
@@ -177,10 +182,9 @@ def _named(payload: object, param: str) -> list[str]:
 
 def _urlencoded_models(body: bytes) -> list[str]:
     try:
-        fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        return _model_values(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise GatewayError(400, "The form body is not valid UTF-8.") from None
-    return [value for name, value in fields if field_name(name) == "model"]
 
 
 class LineSplitter:
@@ -188,36 +192,37 @@ class LineSplitter:
     `max_line_bytes` (`what`, `param`: the file named in the refusal of a longer one)."""
 
     def __init__(self, max_line_bytes: int, what: str, param: str) -> None:
-        self.number = 0  # lines returned so far
+        self._number = 0  # lines returned so far
         self._pending = bytearray()
         self._max = max_line_bytes
         self._what = what
         self._param = param
 
-    def feed(self, chunk: bytes) -> list[bytes]:
+    def feed(self, chunk: bytes) -> list[tuple[int, bytes]]:
+        """The lines `chunk` completes, each with its number (from 1)."""
         searched = len(self._pending)  # what was left holds no line break: only new bytes are searched
         self._pending += chunk
-        lines: list[bytes] = []
+        lines: list[tuple[int, bytes]] = []
         start = 0
         while (end := self._pending.find(b"\n", max(start, searched))) != -1:
-            lines.append(bytes(self._pending[start:end]))
+            self._number += 1
+            lines.append((self._number, bytes(self._pending[start:end])))
             start = end + 1
         del self._pending[:start]
-        self.number += len(lines)
         if len(self._pending) > self._max:
             raise GatewayError(
                 400,
-                f"Line {self.number + 1} of {self._what} is longer than {self._max:,} bytes.",
+                f"Line {self._number + 1} of {self._what} is longer than {self._max:,} bytes.",
                 param=self._param,
             )
         return lines
 
-    def finish(self) -> bytes:
-        """The last line (empty when the stream ended with a line break)."""
-        self.number += 1
+    def finish(self) -> tuple[int, bytes]:
+        """The last line and its number (empty when the stream ended with a line break)."""
+        self._number += 1
         last = bytes(self._pending)
         self._pending.clear()
-        return last
+        return self._number, last
 
 
 class FormScan:
@@ -361,10 +366,10 @@ class FormScan:
         elif self._lines is not None:
             self._read_lines([self._lines.finish()])
 
-    def _read_lines(self, lines: list[bytes]) -> None:
-        if self._line_refused is not None or self._line_error is not None or self._lines is None:
+    def _read_lines(self, lines: list[tuple[int, bytes]]) -> None:
+        if self._line_refused is not None or self._line_error is not None:
             return  # the first refusal is the answer
-        for number, line in enumerate(lines, start=self._lines.number - len(lines) + 1):
+        for number, line in lines:
             try:
                 models = batch_line_models(line, number, param="file")
             except GatewayError as exc:
