@@ -146,7 +146,7 @@ class StreamMeter:
     def _note(self, usage: dict[str, Any]) -> None:
         # A later prompt count never lowers an earlier one: Anthropic's message_delta may restate
         # the input without the cache tokens its message_start counted.
-        prompt, completion = prompt_tokens(usage), _count(usage, "completion_tokens", "output_tokens")
+        prompt, completion = prompt_tokens(usage), _completion_tokens(usage)
         if prompt is not None:
             self.prompt = max(prompt, self.prompt or 0)
         if completion is not None:
@@ -191,13 +191,11 @@ def usage_counts(usage: object) -> tuple[int, int] | None:
     tokens Anthropic reports apart as cache writes and reads)."""
     if not isinstance(usage, dict):
         return None
-    prompt, completion = prompt_tokens(usage), _count(usage, "completion_tokens", "output_tokens")
+    prompt, completion = prompt_tokens(usage), _completion_tokens(usage)
     return None if prompt is None or completion is None else (prompt, completion)
 
 
-def _count(usage: dict[str, Any], *names: str) -> int | None:
-    """The first of `names` the usage states, as a count."""
-    for name in names:
-        if name in usage:
-            return reported_count(usage[name])
-    return None
+def _completion_tokens(usage: dict[str, Any]) -> int | None:
+    """The output tokens a usage object reports: chat's `completion_tokens`, else the native
+    APIs' `output_tokens`."""
+    return reported_count(usage.get("completion_tokens" if "completion_tokens" in usage else "output_tokens"))
