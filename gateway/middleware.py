@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway import metrics
 from gateway.errors import GatewayError, anthropic_path
 from gateway.log_safety import printable
-from gateway.proxy_headers import GATEWAY_REQUEST_ID, request_id_for
+from gateway.proxy.headers import GATEWAY_REQUEST_ID, request_id_for
 from gateway.request_log import RequestLines, RequestRecord
 
 log = logging.getLogger("gateway")

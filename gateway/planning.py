@@ -15,7 +15,7 @@ from gateway.chat_request import ChatRequest
 from gateway.compress import CompressionOptions, ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, FitResult, with_summaries
 from gateway.errors import GatewayError
-from gateway.overflow import Overflow
+from gateway.proxy.overflow import Overflow
 from gateway.tokens.counter import (
     INLINE_COUNT_BYTES,
     TokenCounter,

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
-from gateway.alternation import AlternatingModels
 from gateway.compress import CompressionOptions
-from gateway.overflow import detect_silent_truncation
 from gateway.policy.enforcer import Policy, Team
+from gateway.proxy.alternation import AlternatingModels
+from gateway.proxy.overflow import detect_silent_truncation
+from gateway.proxy.upstream import Upstream
 from gateway.settings import Settings
 from gateway.store import Store, open_store
 from gateway.store.redis import StoreSkipped
@@ -28,7 +29,6 @@ from gateway.tokens.discovery import discover_window
 from gateway.tokens.expiring import ExpiringLRU
 from gateway.tokens.learned_windows import LearnedWindows, Refusal
 from gateway.tokens.windows import WindowResolver
-from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway")
 

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.policy.limits import Usage
-from gateway.relay import prompt_tokens, reported_count, usage_of
+from gateway.proxy.relay import prompt_tokens, reported_count, usage_of
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')

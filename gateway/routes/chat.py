@@ -7,7 +7,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 
 from gateway.policy.enforcer import Team
-from gateway.proxy_headers import client_query, to_upstream, upstream_query
+from gateway.proxy.headers import client_query, to_upstream, upstream_query
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint
 from gateway.runtime import Runtime
 

@@ -20,7 +20,7 @@ from yarl import URL
 from gateway import metrics
 from gateway.errors import anthropic_error_body
 from gateway.policy.enforcer import Team
-from gateway.proxy_headers import client_query, to_upstream, upstream_query
+from gateway.proxy.headers import client_query, to_upstream, upstream_query
 from gateway.request_path import upstream_path
 from gateway.routes.passthrough import relay_unchanged
 from gateway.routes.prompt import Dialect, Upstreaming, prompt_endpoint

@@ -26,8 +26,8 @@ from gateway.policy.answers import without_rate_limits
 from gateway.policy.batch_input import creates_batch, input_file_id, input_file_models
 from gateway.policy.enforcer import Team
 from gateway.policy.named_models import MULTIPART, FormScan, media_type, models_named, query_models
-from gateway.proxy_headers import client_query, to_client, to_upstream, upstream_query
-from gateway.relay import RelayStream
+from gateway.proxy.headers import client_query, to_client, to_upstream, upstream_query
+from gateway.proxy.relay import RelayStream
 from gateway.request_path import upstream_path
 from gateway.runtime import Runtime
 from gateway.server.protocol import client_gone

@@ -5,8 +5,8 @@ Chat completions, Anthropic Messages and Responses differ only in what a `Dialec
 the wire format and its validator, where the request goes and with which credentials, how a
 gateway error looks inside a stream, how a plan is made and retried after an overflow, and
 what a finished answer tells. Orchestration only: counting lives in gateway.tokens, fitting in
-gateway.compress (through gateway.wire), overflow recognition in gateway.overflow, the HTTP
-client in gateway.upstream, teams and their limits in gateway.policy.
+gateway.compress (through gateway.wire), overflow recognition in gateway.proxy.overflow, the HTTP
+client in gateway.proxy.upstream, teams and their limits in gateway.policy.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from starlette.responses import Response
 from yarl import URL
 
 from gateway import metrics
-from gateway.alternation import refuses_separate_markers
 from gateway.chat_request import ChatRequest, parse_chat_request, read_body
 from gateway.errors import GatewayError
-from gateway.overflow import Overflow, classify_overflow, classify_stream_error
 from gateway.planning import (
     Plan,
     demand,
@@ -40,8 +38,10 @@ from gateway.policy.enforcer import Admission, Team
 from gateway.policy.limits import Usage
 from gateway.policy.named_models import query_models
 from gateway.policy.streams import StreamMeter, metered, usage_counts
-from gateway.proxy_headers import to_client
-from gateway.relay import (
+from gateway.proxy.alternation import refuses_separate_markers
+from gateway.proxy.headers import to_client
+from gateway.proxy.overflow import Overflow, classify_overflow, classify_stream_error
+from gateway.proxy.relay import (
     MAX_REPORTED_TOKENS,
     ErrorEvent,
     RelayStream,
@@ -53,11 +53,11 @@ from gateway.relay import (
     sse_error_event,
     usage_from_json,
 )
+from gateway.proxy.upstream import UpstreamReply
 from gateway.request_log import RequestRecord
 from gateway.runtime import Runtime
 from gateway.server.protocol import client_gone
 from gateway.summarize.summarizer import Charge
-from gateway.upstream import UpstreamReply
 from gateway.wire.base import CHAT, WireFormat
 from gateway.wire.chat import validate_chat_body
 from gateway.wire.incremental import Validator

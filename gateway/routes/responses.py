@@ -24,8 +24,8 @@ import orjson
 from gateway import metrics
 from gateway.chat_request import ChatRequest
 from gateway.errors import GatewayError
-from gateway.overflow import Overflow
 from gateway.planning import Plan, over_the_cap
+from gateway.proxy.overflow import Overflow
 from gateway.routes.chat import openai_upstream
 from gateway.routes.prompt import (
     Dialect,

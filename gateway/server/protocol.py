@@ -53,7 +53,7 @@ from gateway import metrics
 from gateway.errors import anthropic_error_body, anthropic_error_type, anthropic_path, error_body
 from gateway.log_safety import printable
 from gateway.middleware import REFUSED_STATUS, route_label
-from gateway.proxy_headers import GATEWAY_REQUEST_ID, new_request_id
+from gateway.proxy.headers import GATEWAY_REQUEST_ID, new_request_id
 from gateway.request_log import RequestLines, RequestRecord
 from gateway.request_path import prompt_route_alias
 

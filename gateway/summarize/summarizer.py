@@ -38,7 +38,7 @@ import orjson
 from gateway import metrics
 from gateway.compress import ContextBudgetExceeded
 from gateway.compress.fit import DroppedSpan, span_key
-from gateway.relay import reported_count
+from gateway.proxy.relay import reported_count
 from gateway.settings import SummarizerSettings, UpstreamSettings
 from gateway.store import Store
 from gateway.summarize.prompt import PROMPT_VERSION, summary_request

@@ -4,7 +4,7 @@ Each test states what the client sees for one upstream fault, and that the upstr
 exactly what the retry policy allows: no request lost, none duplicated. The SDK never retries
 (max_retries=0): every retry counted here is the gateway's.
 
-Policy under test (gateway/upstream.py, gateway/routes/chat.py):
+Policy under test (gateway/proxy/upstream.py, gateway/routes/chat.py):
 - connection errors, 429 (Retry-After up to a cap), 500, 502, 503, 504 are retried with
   jittered exponential backoff, bounded in attempts and in total time;
 - other 4xx are relayed at once; timeouts and bodies that break after the headers are not

@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from gateway.upstream import iter_body
+from gateway.proxy.upstream import iter_body
 
 IDLE = 1.0
 

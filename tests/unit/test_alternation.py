@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.alternation import MAX_MODELS, AlternatingModels, refuses_separate_markers
 from gateway.compress import CompressionOptions
+from gateway.proxy.alternation import MAX_MODELS, AlternatingModels, refuses_separate_markers
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gateway.overflow import classify_stream_error
-from gateway.relay import (
+from gateway.proxy.overflow import classify_stream_error
+from gateway.proxy.relay import (
     TAIL_BYTES,
     prompt_tokens,
     prompt_tokens_from_sse_tail,

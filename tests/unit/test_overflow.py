@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway import overflow
-from gateway.overflow import (
+from gateway.proxy import overflow
+from gateway.proxy.overflow import (
     Overflow,
     classify_overflow,
     classify_stream_error,

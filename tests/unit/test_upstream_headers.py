@@ -8,9 +8,9 @@ import time
 import pytest
 from starlette.datastructures import Headers
 
-from gateway.proxy_headers import request_id_for, to_client, to_upstream
+from gateway.proxy.headers import request_id_for, to_client, to_upstream
+from gateway.proxy.upstream import Upstream, forward_headers, retry_after_seconds
 from gateway.settings import UpstreamSettings
-from gateway.upstream import Upstream, forward_headers, retry_after_seconds
 
 
 def test_forward_headers_drops_hop_by_hop_and_connection_named() -> None:

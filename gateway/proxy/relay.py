@@ -18,7 +18,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import error_body
-from gateway.upstream import UpstreamReply, upstream_broken, upstream_timeout
+from gateway.proxy.upstream import UpstreamReply, upstream_broken, upstream_timeout
 
 # What a finished stream hands on: its last TAIL_BYTES, reaching back to where the event they
 # start inside begins. The usage is in the last events (before [DONE] in chat completions); the

@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
-from gateway.upstream import forward_headers
+from gateway.proxy.upstream import forward_headers
 
 REQUEST_ID = "x-request-id"
 GATEWAY_REQUEST_ID = "x-gateway-request-id"
