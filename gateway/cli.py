@@ -1,4 +1,4 @@
-"""The ``context-gateway`` command: serve, compress, count, keys, usage, windows."""
+"""The context-gateway command: serve, compress, count, keys, usage, windows."""
 
 from __future__ import annotations
 
@@ -38,17 +38,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="YAML config file (default: $GATEWAY_CONFIG, else built-in defaults)")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port, help="listen port (default 8080)")
+    serve.add_argument("--host", help="listen address (default: server.host, 127.0.0.1)")
+    serve.add_argument("--port", type=_port, help="listen port (default: server.port, 8080)")
     serve.add_argument(
         "--workers",
         help="worker processes: a number, or auto (one per usable CPU); default server.workers, 1",
     )
 
     compress = commands.add_parser("compress", help="dry-run the compression of a request body")
-    compress.add_argument("--model", required=True)
+    compress.add_argument("--model", required=True, help="the model the body is for (its tokenizer)")
     size = compress.add_mutually_exclusive_group(required=True)
-    size.add_argument("--window", type=int, help="context window; the budget is derived as the gateway does")
+    size.add_argument(
+        "--window",
+        type=int,
+        help="context window; the budget is derived as the gateway does (default budget settings)",
+    )
     size.add_argument("--budget", type=int, help="prompt token budget to fit into")
     compress.add_argument("--aggressive", action="store_true", help="leave extra headroom")
     compress.add_argument(
@@ -60,14 +64,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     compress.add_argument(
         "--summarizer-url", help="summarize dropped turns with this chat-completions base URL (…/v1)"
     )
-    compress.add_argument("--summarizer-model", default="gpt-4o-mini", help="the summarizer's model")
+    compress.add_argument(
+        "--summarizer-model", default="gpt-4o-mini", help="the summarizer's model (default gpt-4o-mini)"
+    )
     compress.add_argument(
         "file", help="chat-completions request body or bare message list (JSON); - for stdin"
     )
 
     count = commands.add_parser("count", help="count a request's prompt tokens and show its budget")
-    count.add_argument("--model", required=True)
-    count.add_argument("--config", help="YAML config file (for model window overrides)")
+    count.add_argument("--model", required=True, help="the model the body is for (its tokenizer and window)")
+    count.add_argument(
+        "--config", help="YAML config file (default: $GATEWAY_CONFIG; for models and budget settings)"
+    )
     count.add_argument("--verbose", action="store_true", help="per-message counts")
     count.add_argument("file", help="chat-completions request body or bare message list (JSON); - for stdin")
 
