@@ -93,7 +93,8 @@ class RequestRecord:
 
 
 class Stamps:
-    """Times as logging writes them (local time, milliseconds), strftime'd once per second."""
+    """Times as logging writes them (milliseconds), strftime'd once per second: the text lines
+    in local time, as logging's own; the JSON lines' ``time`` in UTC, as its ``Z`` says."""
 
     def __init__(self) -> None:
         self._second: tuple[int, str, str] = (-1, "", "")  # one tuple: threads may log too
@@ -109,9 +110,9 @@ class Stamps:
     def _of(self, created: float) -> tuple[int, str, str]:
         cached = self._second
         if cached[0] != int(created):
-            moment = time.localtime(int(created))
-            text = time.strftime("%Y-%m-%d %H:%M:%S", moment)
-            cached = self._second = (int(created), text, time.strftime("%Y-%m-%dT%H:%M:%S", moment))
+            local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(created)))
+            utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(created)))
+            cached = self._second = (int(created), local, utc)
         return cached
 
 

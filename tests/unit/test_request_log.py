@@ -9,6 +9,7 @@ import logging
 import select
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,6 +73,26 @@ def test_json_line_carries_the_request_fields() -> None:
     assert {k: entry[k] for k in ("time", "level", "logger", "pid")} == {
         k: other[k] for k in ("time", "level", "logger", "pid")
     }
+
+
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("new_york")
+def test_json_time_is_utc_and_text_time_local_whatever_the_machine_zone() -> None:
+    """The JSON `time` ends in `Z`: a log pipeline reads it as UTC. It was local time, five hours
+    off on a machine in New York."""
+    entry = json.loads(RequestLines("json").render(_chat_record().fields(), CREATED))
+    assert entry["time"] == "2026-01-01T00:00:00.250Z"  # CREATED is midnight UTC
+    assert json.loads(JsonFormatter().format(_plain("gateway", "x")))["time"] == entry["time"]
+    text = RequestLines("text").render(_chat_record().fields(), CREATED)
+    assert text.startswith("2025-12-31 19:00:00,250 ")  # as logging's own asctime: local
 
 
 def test_text_line_is_key_value_on_one_line_laid_out_as_every_line() -> None:
