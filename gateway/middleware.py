@@ -23,6 +23,7 @@ from gateway.errors import GatewayError, anthropic_path
 from gateway.log_safety import printable
 from gateway.proxy.headers import GATEWAY_REQUEST_ID, request_id_for
 from gateway.request_log import RequestLines, RequestRecord
+from gateway.request_path import prompt_route_alias
 
 log = logging.getLogger("gateway")
 
@@ -44,7 +45,10 @@ _UNLOGGED_ROUTES = {"healthz", "readyz", "metrics"}
 
 
 def route_label(path: str) -> str:
-    return _ROUTES.get(path) or ("passthrough" if path.startswith("/v1/") else "other")
+    """The route's label; another spelling of a prompt route (`/v1//chat/completions`) is served,
+    counted and logged as that route."""
+    label = _ROUTES.get(path) or _ROUTES.get(prompt_route_alias(path) or "")
+    return label or ("passthrough" if path.startswith("/v1/") else "other")
 
 
 class RequestGuard:
