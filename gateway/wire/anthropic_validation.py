@@ -39,6 +39,7 @@ def validate_messages_body(payload: object, known: int = 0) -> None:
     if system is not None:
         if not isinstance(system, str | list):
             raise invalid_type("system", system, "a string or an array of text blocks")
+        _text_blocks_only(system, "system")
         check_content(system, "system", depth=0)
     messages = payload.get("messages")
     if not isinstance(messages, list):
@@ -70,19 +71,25 @@ def _message(message: Any, where: str) -> None:
     content = message.get("content")
     if not isinstance(content, str | list):
         raise invalid_type(f"{where}.content", content, "a string or an array of content blocks")
-    if role == "system" and isinstance(content, list):
-        for position, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind != "text":
-                raise GatewayError(
-                    400,
-                    f"Invalid value for '{where}.content[{position}]': "
-                    "a system message holds text blocks only.",
-                    param=f"{where}.content[{position}]",
-                )
+    if role == "system":
+        _text_blocks_only(content, f"{where}.content")
     check_content(content, f"{where}.content", depth=0)
     for name in CHAT_MESSAGE_FIELDS:
         if name in message:  # (the Messages API's own wording for a field it does not have)
             raise GatewayError(
                 400, f"{where}.{name}: Extra inputs are not permitted", param=f"{where}.{name}"
+            )
+
+
+def _text_blocks_only(content: str | list[Any], where: str) -> None:
+    """A system prompt (the `system` field, or a message of role system) holds text blocks only."""
+    if isinstance(content, str):
+        return
+    for position, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text":
+            raise GatewayError(
+                400,
+                f"Invalid value for '{where}[{position}]': a system prompt holds text blocks only.",
+                param=f"{where}[{position}]",
             )

@@ -406,3 +406,10 @@ def test_system_messages_in_the_list_are_accepted_and_kept_through_a_fit(
             model=MODEL, max_tokens=64, messages=[{"role": "system", "content": [TOOL_USE]}, user("hi")]
         )
     assert "messages[0].content[0]" in refused.value.message
+    # The system prompt itself takes text blocks only too: an image there went to the upstream.
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    sent_before = len(fake_upstream.requests_to("/v1/messages"))
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model=MODEL, max_tokens=64, system=[image], messages=[user("hi")])  # type: ignore[list-item]
+    assert "system[0]" in refused.value.message
+    assert len(fake_upstream.requests_to("/v1/messages")) == sent_before
