@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 from prometheus_client import REGISTRY
+from starlette.datastructures import Headers
 
 import gateway  # noqa: F401  (offline tiktoken)
 from bench.conversations import Stated, stated
@@ -73,7 +74,7 @@ async def run(mode: str, window: int, delay: float, conversation: Stated) -> dic
         try:
             for messages in requests(conversation):
                 raw = orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": 500})
-                chat = parse_chat_request(raw, {})
+                chat = parse_chat_request(raw, Headers())
                 calls = fake.calls
                 started = time.perf_counter()
                 plan = await plan_request(runtime, chat)
