@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from gateway import __version__
 from gateway.log_safety import printable
 from gateway.settings import (
     CONFIG_ENV,
+    ENV_PREFIX,
     ConfigError,
     Settings,
     is_loopback,
@@ -160,18 +161,35 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def startup_line(settings: Settings, config_path: str | None) -> str:
+def startup_line(
+    settings: Settings, config_path: str | None, environ: Mapping[str, str] | None = None
+) -> str:
     """What an operator needs to know this process is the one they meant to start."""
-    source = config_path or os.environ.get(CONFIG_ENV) or "built-in defaults"
+    env = os.environ if environ is None else environ
+    source = config_path or env.get(CONFIG_ENV) or "built-in defaults"
+    overrides = sum(1 for name in env if name.upper().startswith(ENV_PREFIX) and name != CONFIG_ENV)
+    if overrides:
+        source += f" and {overrides} {ENV_PREFIX}* variable{'s' if overrides > 1 else ''}"
     store = redact_url(settings.redis_url) if settings.redis_url else "memory (this process only)"
     host = settings.server.host
     address = f"[{host}]" if ":" in host else host
-    key = "the gateway's own key" if settings.upstream.api_key else "each caller's own key"
     exposure = "" if is_loopback(host) else " (reachable from the network)"
     return (
         f"context-gateway {__version__}: config {source}; upstream {redact_url(settings.upstream.base_url)} "
-        f"with {key}; store {store}; listening on http://{address}:{settings.server.port}{exposure}"
+        f"with {_upstream_keys(settings)}; store {store}; listening on http://{address}:{settings.server.port}"
+        f"{exposure}"
     )
+
+
+def _upstream_keys(settings: Settings) -> str:
+    """Which key the upstream sees: with teams, a caller's own key never crosses."""
+    own = "the gateway's own key" if settings.upstream.api_key else None
+    if not settings.teams:
+        return own or "each caller's own key"
+    keyed = sum(1 for team in settings.teams.values() if team.upstream_api_key)
+    if keyed:
+        return f"their own key for {keyed} of {len(settings.teams)} teams, else {own or 'no key'}"
+    return own or "no key (teams are set: callers' keys do not cross)"
 
 
 def unshared_limits_warning(settings: Settings, workers: int) -> str | None:

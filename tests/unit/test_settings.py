@@ -327,13 +327,34 @@ def test_startup_line_names_what_is_in_use_without_secrets() -> None:
             "GATEWAY_REDIS_URL": "redis://:pw-redis@cache:6379/2",
         },
     )
-    line = startup_line(settings, "/etc/gateway.yaml")
+    line = startup_line(settings, "/etc/gateway.yaml", {})
     assert line.startswith(f"context-gateway {gateway.__version__}: config /etc/gateway.yaml")
     assert "upstream https://llm.internal/v1 with the gateway's own key" in line
     assert "store redis://cache:6379/2" in line and "listening on http://127.0.0.1:8080" in line
     for secret in ("pw-upstream", "sk-org-secret", "pw-redis", "bob"):
         assert secret not in line
-    assert "store memory" in startup_line(load_settings(None, {}), None)
+    assert "store memory" in startup_line(load_settings(None, {}), None, {})
+
+
+def test_startup_line_says_where_settings_and_upstream_keys_come_from() -> None:
+    """A gateway set up wholly by GATEWAY_* variables said "config built-in defaults", and one
+    with teams said "with each caller's own key", although no caller's key crosses then."""
+    environ = {"GATEWAY_UPSTREAM_BASE_URL": "http://vllm.internal:8000/v1", "GATEWAY_SERVER_PORT": "9000"}
+    line = startup_line(load_settings(None, environ), None, environ)
+    assert "config built-in defaults and 2 GATEWAY_* variables;" in line
+    assert "with each caller's own key;" in line
+    hashed = "sha256:" + "0" * 64
+    teams = {
+        "GATEWAY_TEAMS": f'{{"a": {{"keys": ["{hashed}"]}}, "b": {{"keys": ["{hashed[:-1]}1"]}}}}',
+    }
+    assert "with no key (teams are set: callers' keys do not cross);" in startup_line(
+        load_settings(None, teams), None, {}
+    )
+    teams["GATEWAY_TEAMS"] = teams["GATEWAY_TEAMS"].replace('"a": {', '"a": {"upstream_api_key": "sk-a", ')
+    teams["GATEWAY_UPSTREAM_API_KEY"] = "sk-org"
+    line = startup_line(load_settings(None, teams), None, {})
+    assert "with their own key for 1 of 2 teams, else the gateway's own key;" in line
+    assert "sk-a" not in line and "sk-org" not in line
 
 
 @pytest.mark.parametrize(
