@@ -149,14 +149,18 @@ def to_responses(messages: list[Message], model: str, max_output_tokens: int = 1
             and content
             and content[0].get("type") == "tool_result"
         ):
+            rest = [block for block in content if block.get("type") != "tool_result"]
             for block in content:
-                items.append(
-                    {
-                        "type": "function_call_output",
-                        "call_id": block["tool_use_id"],
-                        "output": block["content"],
-                    }
-                )
+                if block.get("type") == "tool_result":
+                    items.append(
+                        {
+                            "type": "function_call_output",
+                            "call_id": block["tool_use_id"],
+                            "output": block["content"],
+                        }
+                    )
+            if rest:  # Claude Code sends a user's words (or a reminder) after the results they follow
+                items.append({"role": role, "content": _input_parts(rest)})
         else:
             items.append({"role": role, "content": _input_parts(content)})
     body: dict[str, Any] = {"model": model, "input": items, "max_output_tokens": max_output_tokens}

@@ -1,6 +1,7 @@
 """The public agent transcripts of the README's loop table, rebuilt from their repositories.
 
     python -m bench.public_transcripts --mini-swe-agent GIT_DIR --swe-agent GIT_DIR --out DIR
+                                       [--tau-bench GIT_DIR]
 
 Each GIT_DIR is a git directory (a clone's `.git`, or a bare mirror) holding the pinned
 commit below; nothing is fetched. Writes one chat completions body per transcript into
@@ -17,10 +18,17 @@ different sets; this picks by rule, and the same commits give the same files.
   four distinct CTF challenges of that length, and marshmallow-1867 in its two base
   formats (the command in a text block, and a native tool call).
 
+- With --tau-bench, 8 of tau-bench's `historical_trajectories/gpt-4o-airline.json` (a
+  customer-service agent: many user turns, JSON tool outputs, one call per step, call ids
+  reused across steps as the run sent them). These are chat completions already: each is
+  kept verbatim up to the request the agent sent after the last tool result of its user
+  turn with the most tool steps (at least 3), which becomes the loop; picked as above by
+  that turn's steps, then the entry's index.
+
 A step becomes an assistant message (its thought as content, its command as one `bash`
 tool call with an id of OpenAI's length, derived from the file and step) and a `tool`
 message with the output verbatim. A last reply with no output after it is left out.
-Both repositories are MIT-licensed; nothing of theirs is in this one.
+All three repositories are MIT-licensed; nothing of theirs is in this one.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from gateway.compress.units import is_user_input
 from gateway.tokens.counter import counter_for
 
 MODEL = "gpt-4o"
@@ -54,6 +63,10 @@ SWE_AGENT_PICKS = {
     "swea-marshmallow-1867-function-calling": "replay__marshmallow-code__marshmallow-1867__function_calling"
     "__install-1/marshmallow-code__marshmallow-1867.traj",
 }
+TAU_BENCH = ("sierra-research/tau-bench", "59a200c6d575d595120f1cb70fea53cef0632f6b")
+TAU_BENCH_RUNS = "historical_trajectories/gpt-4o-airline.json"
+TAU_BENCH_PICKS = 8
+TAU_BENCH_MIN_STEPS = 3
 BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)
 ID_HEX_DIGITS = 24  # "call_" and 24 digits: the length of OpenAI's ids (the API takes at most 40)
 
@@ -146,18 +159,54 @@ def swe_agent(repository: Repository) -> list[tuple[str, str, dict[str, Any], in
     return out
 
 
+def busiest_turn(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """(steps, end) of the user turn with the most tool-calling replies (the later one of a tie):
+    `end` is just past the turn's last tool result, where the agent sent its next request."""
+    users = [i for i, message in enumerate(messages) if is_user_input(message)]
+    best = (0, 0)
+    for start, stop in zip(users, [*users[1:], len(messages)], strict=True):
+        turn = messages[start:stop]
+        results = [i for i, message in enumerate(turn) if message["role"] == "tool"]
+        if not results:
+            continue
+        calls = [message for message in turn[: results[-1]] if message["role"] == "assistant"]
+        steps = sum(1 for message in calls if message.get("tool_calls"))
+        if steps >= best[0]:
+            best = (steps, start + results[-1] + 1)
+    return best
+
+
+def tau_bench(repository: Repository) -> list[tuple[str, str, dict[str, Any], int]]:
+    runs = []
+    for index, run in enumerate(repository.json(TAU_BENCH_RUNS)):
+        steps, end = busiest_turn(run["traj"])
+        if steps >= TAU_BENCH_MIN_STEPS:
+            runs.append((steps, index, run["traj"][:end]))
+    runs.sort(key=lambda run: (run[0], run[1]))
+    last = len(runs) - 1
+    picked = [runs[round(i * last / (TAU_BENCH_PICKS - 1))] for i in range(TAU_BENCH_PICKS)]
+    path = f"{TAU_BENCH_RUNS}[{{}}]"
+    return [
+        (f"tau-airline-{index:03d}", path.format(index), {"model": MODEL, "messages": messages}, steps)
+        for steps, index, messages in picked
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--mini-swe-agent", type=Path, required=True, help=f"git dir of {MINI_SWE_AGENT[0]}")
     parser.add_argument("--swe-agent", type=Path, required=True, help=f"git dir of {SWE_AGENT[0]}")
+    parser.add_argument("--tau-bench", type=Path, help=f"git dir of {TAU_BENCH[0]} (optional)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     sources = [
         (MINI_SWE_AGENT, mini_swe_agent(Repository(args.mini_swe_agent, MINI_SWE_AGENT[1]))),
         (SWE_AGENT, swe_agent(Repository(args.swe_agent, SWE_AGENT[1]))),
     ]
+    if args.tau_bench:
+        sources.append((TAU_BENCH, tau_bench(Repository(args.tau_bench, TAU_BENCH[1]))))
     args.out.mkdir(parents=True, exist_ok=True)
     counter = counter_for(MODEL)
     lines = ["file\tsource\tpath\tsteps\ttokens"]
