@@ -38,7 +38,10 @@ with whole recent results rather than trimmed old ones. Older steps are
 history, dropped on the same grid as older turns (after them); they skip the
 rungs and go straight to their aged form (the call stays, the result becomes a
 note, the assistant's own text and long arguments are cut to `aged_step_cap`),
-so an aged step changes form once, not once per rung. Agents that reason aloud
+so an aged step changes form once, not once per rung. The exception is a step larger than the
+window's share (a file read, a build log): as a note it freed more than the window could take,
+and a loop 300 tokens over budget kept 5% of it, so the newest such steps keep their results cut
+to the room left, on caps of their own (`_kept_big_steps`). Agents that reason aloud
 before each call spend a quarter to a half of a loop on that text: kept whole,
 it made aged steps too big to keep (on public SWE-bench transcripts at 1/3,
 40% of the calls kept before, 62% after; on a second set, 45% with the text
@@ -540,6 +543,7 @@ class _Fitter:
         self.forms: dict[tuple[int, int], tuple[Form, int]] = {}
         self.prefixes: dict[int, list[int]] = {}
         self.trim_caps = dict(enumerate(options.tool_result_caps, start=2))  # level -> cap
+        self.step_trims: dict[int, int] = {}  # cap -> level, for big older steps (_kept_big_steps)
 
     def _unit_size(self, unit: Unit) -> int:
         return sum(self.sizes[unit.start : unit.end])
@@ -1284,6 +1288,7 @@ class _Fitter:
         spans = self._spans_out(head, cut, accounts) if markers else []
         marker_at = {k: marker for k, _, marker in spans}
         positions: dict[int, int] = {}
+        placed: dict[int, tuple[int, int]] = {}  # old unit kept -> (its first index in out, its tokens)
         out: list[Message] = []
         # With signed thinking, or a drop: what each message of `out` was (None: a marker, a
         # reshaped form), for the steps `unpinned` takes to text.
@@ -1310,11 +1315,18 @@ class _Fitter:
             else:
                 stages |= self._stages_of(k, levels[k])
                 form, tokens = self.form(k, levels[k])
+                placed[k] = (len(out), tokens)
                 out.extend(form)
                 after += tokens
                 if track:
                     same = len(form) == unit.end - unit.start
                     originals.extend(self.messages[unit.start : unit.end] if same else [None] * len(form))
+        if not protected:
+            for k, (form, tokens) in self._kept_big_steps(levels, placed, self.target - after).items():
+                start, aged = placed[k]
+                out[start : start + len(form)] = form
+                after += tokens - aged
+                stages.add("tool_results")
         if track:
             for index, message in unpinned(out, originals, self.counter.message).items():
                 after += self.counter.message(message) - self.counter.message(out[index])
@@ -1334,6 +1346,56 @@ class _Fitter:
             messages_dropped=dropped,
             spans=tuple(replace(span, index=positions[k]) for k, span, _ in spans),
         )
+
+    def _kept_big_steps(
+        self, levels: list[int], placed: Mapping[int, tuple[int, int]], room: int
+    ) -> dict[int, tuple[Form, int]]:
+        """The newest older steps too big for the window, with their results trimmed to the room
+        left, newest first, instead of their aged form.
+
+        A step larger than the window's share (a file read, a build log, a page state) never fits
+        the recent window, and its note frees more than the window can grow into before it
+        moves: a 9,800-token loop fitted into 9,500 kept 519 tokens, the file the agent had just
+        read reduced to a line. Such a step keeps its results cut to the largest cap of its own
+        ladder that the room allows (the whole step first, then three quarters of its largest
+        result, then halving), so its form changes only when the room crosses a cap. Smaller
+        steps keep their one change of form: measured on bench/quality.py's loops at 1/6,
+        trimming every step over a quantum this way cost 0.09 of prefix stability.
+        """
+        share = self.budget * self.options.recent_steps_ratio
+        kept: dict[int, tuple[Form, int]] = {}
+        for k in range(len(self.old) - 1, self.first_step - 1, -1):
+            unit = self.old[k]
+            if k not in placed or self._effective(k, levels[k]) != self.aged_level:
+                break  # dropped, or not an older step
+            if self._unit_size(unit) <= share or room <= 0:
+                break
+            aged = placed[k][1]
+            forms = (self._form(k, level) for level in self._step_trim_levels(unit))
+            fitting = next(((f, tokens) for f, tokens in forms if aged < tokens <= aged + room), None)
+            if fitting is None:
+                break
+            kept[k] = fitting
+            room -= fitting[1] - aged
+        return kept
+
+    def _step_trim_levels(self, unit: Unit) -> list[int]:
+        """Levels for one big step: reasoning dropped, then its results cut to caps from three
+        quarters of its largest result, halving, down to the smallest tool-result cap."""
+        results = [
+            self.sizes[i] for i in range(unit.start, unit.end) if self.messages[i].get("role") != "assistant"
+        ]
+        top = max(results, default=0)
+        floor = min(self.options.tool_result_caps)
+        caps = [top * 3 // 4, *(top >> j for j in range(1, top.bit_length()))]
+        out = [1]  # the reasoning rung: the step whole but for stale reasoning
+        for cap in (c for c in caps if c >= floor):
+            level = self.step_trims.get(cap)
+            if level is None:
+                self.levels.append(_Level("tool_results", 1, partial(_trim, self.names, cap, fill=True)))
+                level = self.step_trims[cap] = len(self.levels) - 1
+            out.append(level)
+        return out
 
 
 # Digests of recent spans: a span stays dropped for many requests of a conversation, and its

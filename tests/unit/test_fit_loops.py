@@ -322,6 +322,40 @@ def test_an_aged_step_changes_form_once_on_a_growing_loop() -> None:
     assert sum(len(seen) == 2 for seen in forms.values()) >= 40  # most of the loop aged out
 
 
+@pytest.mark.parametrize("style", ["openai", "anthropic"])
+def test_a_big_result_one_step_back_is_trimmed_to_the_room_not_replaced_by_a_note(style: str) -> None:
+    """A file read of most of the budget, then a small step: the read is too big for the recent
+    window, and as a note it left the prompt nearly empty (on a Claude Code session 300 tokens
+    over a 9,500 budget, 519 tokens sent: the file the agent had just read was a line). It keeps
+    its head and tail, cut to what the room allows."""
+    make = openai_step if style == "openai" else anthropic_step
+    read, small = make(0, 900), make(1, 3)
+    messages = [SYSTEM, TASK, *read, *small]
+    budget = COUNTER.messages(messages) - 300
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    assert result.tokens_after >= 0.7 * budget
+    assert all(any(m is out for out in result.messages) for m in small)  # the newest step whole
+    trimmed = str(result.messages[3]["content"])
+    assert "src/mod_0.py:0:" in trimmed and "src/mod_0.py:899:" in trimmed  # its head and its tail
+    assert "omitted" in trimmed
+
+
+def test_a_big_older_step_changes_form_only_when_the_room_crosses_a_cap() -> None:
+    """The trimmed form of a big step depends on the room only through a few caps: on a growing
+    loop it is re-sent when a cap is crossed, not at every step."""
+    messages = [SYSTEM, TASK, *openai_step(0, 900)]
+    for step in range(1, 40):
+        messages += openai_step(step, 3)
+    budget = COUNTER.messages(messages[:6]) + 400
+    forms = set()
+    for n in range(2, 41):
+        result = fit(messages[: 2 + 2 * n], model=MODEL, budget_tokens=budget)
+        assert result.tokens_after <= budget
+        forms.add(str(next(m for m in result.messages if m.get("tool_call_id") == "call_0")["content"]))
+    assert 2 <= len(forms) <= 6
+
+
 def test_the_marker_is_made_from_the_dropped_span() -> None:
     span = loop(3)[2:]
     assert omitted_marker(span) == {
