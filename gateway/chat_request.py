@@ -13,6 +13,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from gateway.json_bytes import dumps_kept
 from gateway.wire.base import CHAT, ChatView, WireFormat
 from gateway.wire.chat import validate_chat_body
 from gateway.wire.incremental import IncrementalParser, Validator
@@ -56,7 +57,7 @@ class ChatRequest:
         if any(ours is not theirs for ours, theirs in newest_first):
             return None
         try:
-            return tuple(orjson.dumps(message) for message in messages[:added]) + encoded
+            return tuple(dumps_kept(message) for message in messages[:added]) + encoded
         except TypeError:
             return None
 

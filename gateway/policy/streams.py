@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -46,6 +47,25 @@ def ask_for_usage(payload: dict[str, Any]) -> dict[str, Any] | None:
     return {**payload, "stream_options": {**options, "include_usage": True}}
 
 
+class _Tail:
+    """The last `limit` bytes (at least) of what was added, as the pieces it came in: adding a
+    piece copies nothing (a 64 KiB slice taken on every small chunk of a long event did)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pieces: deque[bytes] = deque()
+        self.size = 0
+
+    def add(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.size += len(piece)
+        while self.size - len(self.pieces[0]) >= self.limit:
+            self.size -= len(self.pieces.popleft())
+
+    def value(self) -> bytes:
+        return b"".join(self.pieces)[-self.limit :]
+
+
 class StreamMeter:
     """Watches a stream's events as they pass: finds the usage, counts content events.
 
@@ -66,24 +86,35 @@ class StreamMeter:
         self.delta_events = 0
         self._completion_final = False
         self._pending = b""
+        # Chunks of the open event after `_pending` that end no event: held as they came, read
+        # once more only when the event ends (each chunk scanned with all the event's bytes
+        # before it made an event arriving in small pieces cost the square of its length: 33 s
+        # of the event loop for 1 MB in 512-byte chunks), and their last bytes, where a blank
+        # line the next chunk ends may begin.
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._last = b""
         # The end of an event too long to hold, while it is relayed piece by piece.
-        self._long_tail: bytes | None = None
+        self._long_tail: _Tail | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk
+        if self._long_tail is None and _EVENT_END.search(self._last + chunk) is None:
+            return self._hold(chunk)
+        data = self._taken() + chunk
         events = _EVENT_END.split(data)
         separators = _EVENT_END.findall(data)
         self._pending = events.pop()
         out = []
+        self._last = self._pending[-SEPARATOR_SPLIT:]
         if self._long_tail is not None:  # inside an event too long to hold: relayed as it comes
             if not separators:
-                out.append(self._relay_long(self._long_tail))
+                out.append(self._relay_long())
                 return b"".join(out) if self.strip else chunk
             end = events.pop(0)
             out.append(end + separators.pop(0))
-            self._note_usage_in_tail(self._long_tail + end)
+            self._note_usage_in_tail(self._long_tail.value() + end)
             self._long_tail = None
-        out_of_events = self._relay_long(b"") if len(self._pending) > MAX_PENDING_BYTES else b""
+        out_of_events = self._relay_long() if len(self._pending) > MAX_PENDING_BYTES else b""
         for event, separator in zip(events, separators, strict=True):
             kept = self._event(event)
             if kept or not event:
@@ -91,11 +122,33 @@ class StreamMeter:
         out.append(out_of_events)
         return b"".join(out) if self.strip else chunk
 
-    def _relay_long(self, tail: bytes) -> bytes:
+    def _hold(self, chunk: bytes) -> bytes:
+        """A chunk inside the open event, which it does not end: held (relayed at once when the
+        event outgrows MAX_PENDING_BYTES, as `feed` would have relayed it)."""
+        self._held.append(chunk)
+        self._held_bytes += len(chunk)
+        self._last = (self._last + chunk)[-SEPARATOR_SPLIT:]
+        if len(self._pending) + self._held_bytes <= MAX_PENDING_BYTES:
+            return b"" if self.strip else chunk
+        self._pending = self._taken()
+        relayed = self._relay_long()
+        return relayed if self.strip else chunk
+
+    def _taken(self) -> bytes:
+        """The open event's bytes so far, the held chunks joined to them."""
+        if self._held:
+            self._pending = self._pending + b"".join(self._held)
+            self._held.clear()
+            self._held_bytes = 0
+        return self._pending
+
+    def _relay_long(self) -> bytes:
         """The pending bytes of an event too long to hold, relayed from here on, all but the last
-        few (they may begin the blank line that ends it); `tail`: its end seen so far."""
+        few (they may begin the blank line that ends it); its end so far is kept in `_long_tail`."""
         relayed, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
-        self._long_tail = (tail + relayed)[-LONG_EVENT_TAIL:]
+        if self._long_tail is None:
+            self._long_tail = _Tail(LONG_EVENT_TAIL)
+        self._long_tail.add(relayed)
         return relayed
 
     def _note_usage_in_tail(self, tail: bytes) -> None:
@@ -113,9 +166,9 @@ class StreamMeter:
                 return
 
     def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
+        rest, self._pending, self._last = self._taken(), b"", b""
         if self._long_tail is not None:  # the stream ended inside an event too long to hold
-            self._note_usage_in_tail(self._long_tail + rest)
+            self._note_usage_in_tail(self._long_tail.value() + rest)
             self._long_tail = None
             return rest if self.strip else b""
         if not rest:

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Final
 
-import orjson
-
+from gateway.json_bytes import dumps_kept
 from gateway.openings import Openings
 from gateway.tokens.cache import CacheKey
 
@@ -68,7 +67,7 @@ class Encoded:
 
     def _write_next(self) -> None:
         try:
-            self.done.append(orjson.dumps(self.messages[len(self.done)]))
+            self.done.append(dumps_kept(self.messages[len(self.done)]))
         except TypeError:
             self.done.append(None)
 

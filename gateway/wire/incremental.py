@@ -54,6 +54,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.json_bytes import dumps_kept
 from gateway.openings import Openings
 
 MIN_BODY_BYTES: Final = 16 * 1024
@@ -243,7 +244,7 @@ def _whole(raw: bytes, validate: Validator) -> dict[str, Any]:
 
 def _encoded(entries: Sequence[Any]) -> tuple[bytes, ...] | None:
     try:
-        return tuple(orjson.dumps(entry) for entry in entries)
+        return tuple(dumps_kept(entry) for entry in entries)
     except TypeError:
         return None
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import orjson
 
+from gateway.json_bytes import dumps_kept
 from gateway.wire.base import ChatView, Message, counted_body
 from gateway.wire.responses_memory import Conversions, Converted, Reuse
 
@@ -182,7 +183,7 @@ class ResponsesInput:
         counted = counted_body(chat, payload.get("tools"), payload.get("max_output_tokens"), output_format)
         encoded: tuple[bytes, ...] | None = None
         if layout.fittable and len(converted.encoded) == len(converted.messages):
-            encoded = (*map(orjson.dumps, system), *converted.encoded)  # a dict of strings: always JSON
+            encoded = (*map(dumps_kept, system), *converted.encoded)  # a dict of strings: always JSON
         return ChatView(chat, counted, layout, layout.fittable, encoded)
 
     def _converted(self, layout: _Layout) -> Converted:
@@ -206,7 +207,7 @@ class ResponsesInput:
         if conversions is None:
             return Converted.bare(messages)
         try:
-            encoded += map(orjson.dumps, messages[len(encoded) :])
+            encoded += map(dumps_kept, messages[len(encoded) :])
         except TypeError:
             return Converted.bare(messages)
         converted = Converted(tuple(items), *map(tuple, columns))

@@ -364,6 +364,52 @@ def test_meter_bounds_an_event_that_never_ends() -> None:
     assert len(out) > 2 * 1024 * 1024  # relayed, not held
 
 
+class _ScanCount:
+    """The meter's event-end pattern, counting the bytes each search reads."""
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        self.scanned = 0
+
+    def search(self, data: bytes) -> re.Match[bytes] | None:
+        self.scanned += len(data)
+        return self.pattern.search(data)
+
+    def split(self, data: bytes) -> list[bytes]:
+        self.scanned += len(data)
+        return self.pattern.split(data)
+
+    def findall(self, data: bytes) -> list[bytes]:
+        self.scanned += len(data)
+        return self.pattern.findall(data)
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_a_long_event_in_small_pieces_is_read_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch, strip: bool
+) -> None:
+    """Each piece was scanned with every byte of its event before it: an event of 1 MB arriving in
+    512-byte pieces read ~1 GB (33 s of the event loop). Now each byte is read a few times."""
+    from gateway.policy import streams
+
+    counter = _ScanCount(streams._EVENT_END)
+    monkeypatch.setattr(streams, "_EVENT_END", counter)
+    usage = {"prompt_tokens": 120, "completion_tokens": 7, "total_tokens": 127}
+    held = b'data: {"choices":[{"delta":{"content":"' + b"x" * 600_000 + b'"}}],"usage":null}\n\n'
+    long = b'data: {"choices":[{"delta":{"content":"' + b"y" * 2_500_000 + b'"}}]}\n\n'  # relayed as it comes
+    last = b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n"
+    stream = held + long + last
+    whole = StreamMeter(strip=strip)
+    expected = whole.feed(stream) + whole.flush()
+    counter.scanned = 0
+    meter = StreamMeter(strip=strip)
+    out = b"".join(meter.feed(stream[at : at + 512]) for at in range(0, len(stream), 512)) + meter.flush()
+    assert out == expected
+    assert meter.settlement(1, 0) == whole.settlement(1, 0) == Usage(1, 120, 7, 0)
+    assert counter.scanned <= 4 * len(stream)
+    assert len(meter._long_tail.value() if meter._long_tail else b"") <= streams.LONG_EVENT_TAIL
+
+
 def test_usage_null_spacing_variants_are_removed() -> None:
     spaced = {"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None}
     event = b"data: " + json.dumps(spaced).encode() + b"\n\n"
