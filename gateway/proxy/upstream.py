@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec
 
 import aiohttp
@@ -55,6 +55,12 @@ HOP_BY_HOP = frozenset(
     }
 )
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+# The upstream's answers are evidence, not truth: what the gateway reads whole before relaying is
+# bounded. An answer is read for its usage up to the request bodies' own bound (a 300 MB answer
+# took a worker to 990 MB); an error, for what it says about the prompt, up to 1 MiB (the
+# longest real refusal is a few KB). Anything larger goes to the client as it comes, unread.
+MAX_READ_ANSWER_BYTES = 32 * 1024 * 1024
+MAX_READ_ERROR_BYTES = 1024 * 1024
 # Checks of a body's progress per idle timeout (see iter_body).
 WATCHDOG_TICKS = 10
 
@@ -110,6 +116,9 @@ class UpstreamReply:
     attempts: int = 1
     # Event-loop time by which the whole body must have arrived (timeouts.total).
     deadline: float | None = None
+    # A body too large to read whole: what was read of it, and the rest, still on the wire.
+    read_head: list[bytes] = field(default_factory=list)
+    unread: AsyncGenerator[bytes, None] | None = None
 
     @property
     def content_length(self) -> int | None:
@@ -123,6 +132,39 @@ class UpstreamReply:
         if self.buffered_body is not None:
             return self.buffered_body
         return b"".join([chunk async for chunk in self.read_chunks(idle_timeout)])
+
+    async def read_within(self, idle_timeout: float, limit: int) -> bytes | None:
+        """The whole body if it holds at most `limit` bytes; else None, and `relayed` gives it to
+        the client as it comes (what was read of it first)."""
+        if self.buffered_body is not None:
+            return self.buffered_body
+        if self.unread is not None:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        body = self.read_chunks(idle_timeout)
+        try:
+            async for chunk in body:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:  # (kept as read: joined, they were held twice over)
+                    self.read_head, self.unread = chunks, body
+                    return None
+        finally:
+            if self.unread is None:
+                await body.aclose()
+        return b"".join(chunks)
+
+    async def relayed(self) -> AsyncGenerator[bytes, None]:
+        """A body `read_within` found too large: what was read, then the rest as it arrives."""
+        assert self.unread is not None
+        async with aclosing(self.unread) as rest:
+            head, self.read_head = self.read_head, []
+            head.reverse()
+            while head:  # each piece let go once sent
+                yield head.pop()
+            async for chunk in rest:
+                yield chunk
 
     async def read_chunks(self, idle_timeout: float) -> AsyncGenerator[bytes, None]:
         """The body as it arrives, for the gateway to read before answering: a body that stalls
@@ -381,11 +423,21 @@ class Upstream:
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers
         )
         if response.status in RETRYABLE_STATUSES:
+            whole = False
             try:
                 async with asyncio.timeout(self.settings.timeouts.idle):
-                    error_body = await response.read()
+                    error_body = await read_at_most(response.content, MAX_READ_ERROR_BYTES)
+                whole = len(error_body) <= MAX_READ_ERROR_BYTES
             finally:
-                response.release()
+                if whole:
+                    response.release()
+                else:  # the rest is left unread: the connection cannot be reused
+                    response.close()
+            if not whole:
+                raise upstream_broken(
+                    f"The upstream answered {response.status} with an error body over "
+                    f"{MAX_READ_ERROR_BYTES:,} bytes; it was not relayed."
+                )
             raise RetryableStatus(response.status, reply_headers, error_body)
         return UpstreamReply(response.status, reply_headers, response)
 
@@ -425,6 +477,16 @@ class _Watchdog:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+async def read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body, or its first `limit` + 1 bytes: longer than `limit` means larger than allowed."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit and (chunk := await content.read(limit + 1 - size)):
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
 
 
 async def iter_body(

@@ -53,7 +53,7 @@ from gateway.proxy.relay import (
     sse_error_event,
     usage_from_json,
 )
-from gateway.proxy.upstream import UpstreamReply
+from gateway.proxy.upstream import MAX_READ_ANSWER_BYTES, MAX_READ_ERROR_BYTES, UpstreamReply
 from gateway.request_log import RequestRecord
 from gateway.runtime import Runtime
 from gateway.server.protocol import client_gone
@@ -334,8 +334,14 @@ async def _forward(
 
             stream = metered(stream, meter, on_end=settle)
         response: Response = RelayStream(stream, status_code=attempt.reply.status)
+    elif (body := await attempt.reply.read_within(idle, MAX_READ_ANSWER_BYTES)) is None:
+        # Too large to read for its usage: relayed as it comes, settled at the prompt sent.
+        if admission is not None:
+            sent = final_plan.tokens_after if attempt.reply.status == 200 else 0
+            usage = Usage(requests=1, prompt=sent).within(usage_ceiling(runtime, chat.model))
+            runtime.in_background(runtime.policy.settle(admission, chat.model, usage))
+        response = RelayStream(attempt.reply.relayed(), status_code=attempt.reply.status)
     else:
-        body = await attempt.reply.read(idle)
         usage = Usage(requests=1)
         if attempt.reply.status == 200:
             reported_usage = usage_from_json(body)
@@ -391,10 +397,11 @@ async def _send(
     attempt = Attempt(plan, reply)
     idle = runtime.settings.upstream.timeouts.idle
     if reply.status >= 400:
-        body = await reply.read(idle)
-        reply.buffered_body = body
-        classify = partial(classify_overflow, reply.status, body, plan.body)
-        attempt.overflow = await _classified(plan.body, classify)
+        body = await reply.read_within(idle, MAX_READ_ERROR_BYTES)
+        if body is not None:  # (larger: no refusal the gateway reads; relayed as it comes)
+            reply.buffered_body = body
+            classify = partial(classify_overflow, reply.status, body, plan.body)
+            attempt.overflow = await _classified(plan.body, classify)
     elif chat.stream and reply.status == 200 and reply.response is not None:
         # Some servers (SGLang, the Responses API) answer 200 and put the overflow inside the stream.
         # An overflow inside the stream is kept whole until a retry replaces it: when none can

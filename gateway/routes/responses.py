@@ -41,6 +41,7 @@ from gateway.wire.responses import SERVED_RESPONSES
 from gateway.wire.responses_validation import validate_responses_body
 
 SERVER_STATE_FIELDS = ("previous_response_id", "conversation")
+MEASURE_BYTES = 64 * 1024  # `{"object": "response.input_tokens", "input_tokens": N}`, with room
 # What POST /v1/responses/input_tokens accepts of a Responses body.
 MEASURED_FIELDS = (
     "model",
@@ -120,12 +121,12 @@ async def _measure(runtime: Runtime, chat: ChatRequest, upstream: Upstreaming) -
                 "POST", url, headers, orjson.dumps(query), gateway_credentials=upstream.gateway_credentials
             )
             try:
-                body = await reply.read(runtime.settings.upstream.timeouts.idle)
+                body = await reply.read_within(runtime.settings.upstream.timeouts.idle, MEASURE_BYTES)
             finally:
                 reply.close()
     except (TimeoutError, GatewayError):
         return None
-    if reply.status != 200:
+    if reply.status != 200 or body is None:
         return None
     try:
         tokens = orjson.loads(body).get("input_tokens")
