@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ Message = Mapping[str, Any]
 SECTIONS = ("The user said:", "Facts and decisions:", "Tool calls:")
 ITEM_CHARS = 320  # a longer sentence is cut at its end: one pasted paragraph must not fill the digest
 LABEL_CHARS = 80  # a record's first scalar field up to this long names it in each of its lines
+MAX_DEPTH = 8  # JSON nested deeper is printed as text, cut at its end
 SHORT_USER_CHARS = 240  # a user sentence up to this long is a candidate without any cue word
 TOOL_LINES = 3  # fact lines kept per tool output at most (logs repeat themselves)
 TOOL_ERROR_RANK = 2  # and its last error lines (transforms.error_lines), wherever they are
@@ -313,6 +314,12 @@ def _lines(text: str) -> tuple[list[str], list[bool]]:
     return lines, statements
 
 
+# A field that names its record (id, name, number, code...): the label of its lines if short.
+_NAMING_KEY = re.compile(
+    r"(?i:(?:^|[_\-\s.])(?:id|name|number|no|key|code|title|ref|sku|uuid)s?)$"
+    r"|[a-z](?:Id|Name|Number|Key|Code)s?$"
+)
+
 # Between two records on one line: `}, {` (JSON, Python and JS reprs), whatever the spacing.
 _RECORD_BREAK = re.compile(r"(?<=\})\s*,\s*(?=\{)")
 
@@ -342,34 +349,39 @@ def _json_lines(text: str) -> list[str] | None:
     return out
 
 
-def _records(value: Any, context: str, out: list[str]) -> None:
+def _records(value: Any, context: str, out: list[str], depth: int = 0) -> None:
     """Append to `out` the lines of `value`: whole if it fits a line, else by its parts.
 
-    A list is read by its elements (a list of records always, one of scalars if too long). A dict too long for one line is packed, field by field,
-    into lines that each begin with its label (its first short scalar field) and say "…"
-    where fields are left out: `{"id":"A1","name":"x",…}`, `{"id":"A1",…,"price":3}`. A field
-    too long for any line is read on its own after `{label,…} › key: `, and a long string as
-    sentences, each cut at its end. `context` names the enclosing record of a nested part.
+    A list is read by its elements (a list of records always, one of scalars if too long).
+    A dict too long for one line is packed, field by field, into lines that each begin with
+    its label (its first short scalar field that names it, like an id, else its first short
+    scalar field) and say "…" where fields are left out:
+    `{"id":"A1","name":"x",…}`, `{"id":"A1",…,"price":3}`. A field too long for any line is
+    read on its own after `{label,…} › key: `, and a long string as sentences, each cut at
+    its end. `context` names the enclosing record of a nested part.
+    Past MAX_DEPTH levels a part is one line cut at its end (the cost stays linear).
     """
     room = ITEM_CHARS - len(context)
+    if depth >= MAX_DEPTH:
+        text, complete = _rendered(value, room - 1)
+        out.append(context + (text if complete else text + "…"))
+        return
     records = isinstance(value, list) and any(isinstance(element, list | Mapping) for element in value)
     whole = None if records else _compact(value, room)
     if whole is not None:
         out.append(context + whole)
     elif isinstance(value, list):
         for element in value:
-            _records(element, context, out)
+            _records(element, context, out, depth + 1)
     elif isinstance(value, Mapping):
         fields = [(key if isinstance(key, str) else str(key), item) for key, item in value.items()]
-        at, head = next(
-            (
-                (index, piece[1:-1])
-                for index, (key, item) in enumerate(fields)
-                if not isinstance(item, list | Mapping)
-                and (piece := _compact({key: item}, LABEL_CHARS)) is not None
-            ),
-            (-1, ""),
-        )
+        labels = [
+            (not _NAMING_KEY.search(key), index, piece[1:-1])
+            for index, (key, item) in enumerate(fields)
+            if not isinstance(item, list | Mapping)
+            and (piece := _compact({key: item}, LABEL_CHARS)) is not None
+        ]
+        _, at, head = min(labels, default=(False, -1, ""))
         chunk: list[tuple[int, str]] = []  # (index, `"key":value`) of the fields of the line packed
         size = len(head) + 8  # the label and the "…" marks
         for index, (key, item) in enumerate(fields):
@@ -384,10 +396,11 @@ def _records(value: Any, context: str, out: list[str]) -> None:
                 chunk.append((index, piece[1:-1]))
                 size += len(piece)
                 continue
-            inner = "{" + (head + ",…" if head else "…") + "} › " + key + ": "
+            name = key if len(key) <= LABEL_CHARS else key[: LABEL_CHARS - 1] + "…"
+            inner = "{" + (head + ",…" if head else "…") + "} › " + name + ": "
             if len(context) + len(inner) > ITEM_CHARS // 2:
-                inner = "… › " + key + ": "
-            _records(item, context + inner, out)
+                inner = "… › " + name + ": "
+            _records(item, context + inner, out, depth + 1)
         _chunk(chunk, at, head, len(fields), context, out)
     elif isinstance(value, str):
         for sentence in _sentences(value):
@@ -408,9 +421,7 @@ def _chunk(
     parts: list[str] = []
     if head and not first <= at <= last:
         parts.append(head)
-        if first != at + 1:
-            parts.append("…")
-    elif first > 0:
+    if first - (at < first) > 0:  # fields before this line's, besides the label
         parts.append("…")
     parts.extend(piece for _, piece in chunk)
     if last < total - 1:
@@ -419,48 +430,65 @@ def _chunk(
 
 
 def _compact(value: Any, limit: int) -> str | None:
-    """Compact JSON of `value` if it is at most `limit` characters, else None.
+    """Compact JSON of `value` if it is at most `limit` characters, else None."""
+    text, whole = _rendered(value, limit)
+    return text if whole else None
 
-    Stops as soon as the rendering passes `limit`, so trying every node of a large document
-    costs a bounded amount per node: linear in the document."""
+
+def _rendered(value: Any, limit: int) -> tuple[str, bool]:
+    """The compact JSON of `value` up to `limit` characters, and whether that is all of it.
+
+    Containers are walked lazily and the walk stops once past `limit`: a call costs O(limit)
+    whatever the size of `value`, so trying the nodes of a large document stays linear."""
     parts: list[str] = []
     size = 0
-    stack: list[Any] = [value]
+    stack: list[Iterator[Any]] = [iter((value,))]
     while stack:
-        node = stack.pop()
+        node = next(stack[-1], _END)
+        if node is _END:
+            stack.pop()
+            continue
         if isinstance(node, _Token):
             piece = node.text
         elif isinstance(node, list):
             piece = "["
-            stack.append(_Token("]"))
-            for i in range(len(node) - 1, -1, -1):
-                stack.append(node[i])
-                if i:
-                    stack.append(_Token(","))
+            stack.append(_list_tokens(node))
         elif isinstance(node, Mapping):
             piece = "{"
-            stack.append(_Token("}"))
-            entries = list(node.items())
-            for i in range(len(entries) - 1, -1, -1):
-                key, item = entries[i]
-                stack.append(item)
-                stack.append(_Token(compact_json(key if isinstance(key, str) else str(key)) + ":"))
-                if i:
-                    stack.append(_Token(","))
+            stack.append(_dict_tokens(node))
         elif isinstance(node, str) and len(node) > limit:
-            return None
+            piece = compact_json(node[: limit + 1])
         else:
             piece = compact_json(node)
+        parts.append(piece)
         size += len(piece)
         if size > limit:
-            return None
-        parts.append(piece)
-    return "".join(parts)
+            return "".join(parts)[:limit], False
+    return "".join(parts), True
 
 
 @dataclass(frozen=True)
 class _Token:
     text: str
+
+
+_END = _Token("")
+_COMMA = _Token(",")
+
+
+def _list_tokens(node: list[Any]) -> Iterator[Any]:
+    for index, element in enumerate(node):
+        if index:
+            yield _COMMA
+        yield element
+    yield _Token("]")
+
+
+def _dict_tokens(node: Mapping[Any, Any]) -> Iterator[Any]:
+    for index, (key, item) in enumerate(node.items()):
+        yield _Token(("," if index else "") + compact_json(key if isinstance(key, str) else str(key)) + ":")
+        yield item
+    yield _Token("}")
 
 
 def _error_lines(text: str) -> list[str]:

@@ -92,8 +92,9 @@ def test_records_of_a_list_are_not_taken_for_corrections_of_each_other() -> None
 def test_a_record_too_long_for_one_line_is_split_into_lines_that_each_name_it() -> None:
     reservations = [
         {
-            "reservation_id": f"RES{i}",
             "notes": " ".join(f"note{i}w{j}" for j in range(30 - 25 * i)),  # the first one too long
+            "kind": "reservation",
+            "reservation_id": f"RES{i}",  # the id, not the first short field, names its lines
             "payment_id": f"credit_card_{i}000",
             "amount": 1000 + i,
         }
