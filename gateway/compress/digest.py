@@ -24,8 +24,8 @@ A bounded token share is filled by rank, newest first within a rank:
 
 Records stay whole: a JSON text (a document or JSON lines, as search and lookup tools
 return them) is read record by record, not as sentences: each record that fits a line is
-one candidate, a longer one is split into lines that each name it (its first short field)
-and mark the fields left out with "…"; a long line of records that is not JSON is cut
+one candidate, a longer one is split into lines that each name it (its id, else its first
+short field) and mark the fields left out with "…"; a long line of records that is not JSON is cut
 between them. A line too long for the digest is cut at its end, marked "…". No line joins
 text that was not adjacent without saying so: the head of one record is never printed with
 the tail of another as if they were one fact.
@@ -397,10 +397,10 @@ def _records(value: Any, context: str, out: list[str], depth: int = 0) -> None:
                 size += len(piece)
                 continue
             name = key if len(key) <= LABEL_CHARS else key[: LABEL_CHARS - 1] + "…"
-            inner = "{" + (head + ",…" if head else "…") + "} › " + name + ": "
-            if len(context) + len(inner) > ITEM_CHARS // 2:
-                inner = "… › " + name + ": "
-            _records(item, context + inner, out, depth + 1)
+            inner = context + "{" + (head + ",…" if head else "…") + "} › " + name + ": "
+            if len(inner) > ITEM_CHARS // 2:  # the outer records' labels go, marked
+                inner = "… › " + inner[len(context) :]
+            _records(item, inner, out, depth + 1)
         _chunk(chunk, at, head, len(fields), context, out)
     elif isinstance(value, str):
         for sentence in _sentences(value):
