@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gateway  # noqa: F401
+from gateway.compress import fit
 from gateway.compress.digest import digest
 from gateway.tokens.counter import counter_for
 
@@ -170,3 +171,23 @@ def test_no_digest_line_mixes_the_values_of_two_records(
         owners = set(re.findall(r"\bv(\d+)x", line)) | set(re.findall(r"\brec(\d+)", line))
         if len(owners) > 1:  # only a whole value may hold several records: nothing left out of it
             assert "…" not in line and isinstance(json.loads(line[2:]), dict), line
+
+
+def test_the_marker_of_a_dropped_search_states_each_flight_with_its_own_prices() -> None:
+    # What the model reads after fit() dropped the turn that searched: a booking conversation
+    # whose later turns push the search out of the budget.
+    chatter = [  # without facts: the search is what the marker has to tell
+        {"role": "user", "content": "and tell me about the rules for bags and meals " * 8},
+        {"role": "assistant", "content": "sure, here is what the rules say about that " * 8},
+    ]
+    messages = [*chatter * 10, *searched(json.dumps(FLIGHTS)), *chatter * 20]
+    messages.append({"role": "user", "content": "Book the cheapest economy seat, please."})
+    result = fit(messages, model="gpt-4o", budget_tokens=3_000)
+    marker = next(m for m in result.messages if "what they held" in str(m["content"]))
+    named = [line for line in marker["content"].splitlines() if "HAT" in line]
+    assert named, marker["content"]
+    for line in named:
+        (number,) = re.findall(r"HAT\d+", line)
+        prices = next(f["prices"] for f in FLIGHTS if f["flight_number"] == number)
+        if "economy" in line:
+            assert f'"economy":{prices["economy"]}' in line.replace(" ", ""), line
