@@ -298,9 +298,9 @@ def _sentences(text: str) -> list[str]:
 def _lines(text: str) -> tuple[list[str], list[bool]]:
     """The candidate lines of `text` and whether each is a statement (False: a data record).
 
-    A JSON text is read by records (_json_lines); other text by sentences, a long one holding
-    several records ("}, {" between them, as a JSON list cut short or a repr prints) cut
-    between them, so no line runs from one record into the next.
+    A JSON text is read by records (_json_lines); other text by sentences, one holding several
+    records ("}, {" between them, as a JSON list cut short or a repr prints) cut between them,
+    so no line runs from one record into the next.
     """
     records = _json_lines(text)
     if records is not None:
@@ -308,7 +308,7 @@ def _lines(text: str) -> tuple[list[str], list[bool]]:
     lines: list[str] = []
     statements: list[bool] = []
     for sentence in _sentences(text):
-        pieces = _RECORD_BREAK.split(sentence) if len(sentence) > ITEM_CHARS else [sentence]
+        pieces = _RECORD_BREAK.split(sentence)
         lines.extend(pieces)
         statements.extend([len(pieces) == 1] * len(pieces))
     return lines, statements
