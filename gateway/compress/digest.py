@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -366,20 +366,19 @@ def _records(value: Any, context: str, out: list[str], depth: int = 0) -> None:
         text, complete = _rendered(value, room - 1)
         out.append(context + (text if complete else text + "…"))
         return
-    records = isinstance(value, list) and any(isinstance(element, list | Mapping) for element in value)
+    records = isinstance(value, list) and any(isinstance(element, list | dict) for element in value)
     whole = None if records else _compact(value, room)
     if whole is not None:
         out.append(context + whole)
     elif isinstance(value, list):
         for element in value:
             _records(element, context, out, depth + 1)
-    elif isinstance(value, Mapping):
+    elif isinstance(value, dict):
         fields = [(key if isinstance(key, str) else str(key), item) for key, item in value.items()]
         labels = [
             (not _NAMING_KEY.search(key), index, piece[1:-1])
             for index, (key, item) in enumerate(fields)
-            if not isinstance(item, list | Mapping)
-            and (piece := _compact({key: item}, LABEL_CHARS)) is not None
+            if not isinstance(item, list | dict) and (piece := _compact({key: item}, LABEL_CHARS)) is not None
         ]
         _, at, head = min(labels, default=(False, -1, ""))
         chunk: list[tuple[int, str]] = []  # (index, `"key":value`) of the fields of the line packed
@@ -438,57 +437,10 @@ def _compact(value: Any, limit: int) -> str | None:
 def _rendered(value: Any, limit: int) -> tuple[str, bool]:
     """The compact JSON of `value` up to `limit` characters, and whether that is all of it.
 
-    Containers are walked lazily and the walk stops once past `limit`: a call costs O(limit)
-    whatever the size of `value`, so trying the nodes of a large document stays linear."""
-    parts: list[str] = []
-    size = 0
-    stack: list[Iterator[Any]] = [iter((value,))]
-    while stack:
-        node = next(stack[-1], _END)
-        if node is _END:
-            stack.pop()
-            continue
-        if isinstance(node, _Token):
-            piece = node.text
-        elif isinstance(node, list):
-            piece = "["
-            stack.append(_list_tokens(node))
-        elif isinstance(node, Mapping):
-            piece = "{"
-            stack.append(_dict_tokens(node))
-        elif isinstance(node, str) and len(node) > limit:
-            piece = compact_json(node[: limit + 1])
-        else:
-            piece = compact_json(node)
-        parts.append(piece)
-        size += len(piece)
-        if size > limit:
-            return "".join(parts)[:limit], False
-    return "".join(parts), True
-
-
-@dataclass(frozen=True)
-class _Token:
-    text: str
-
-
-_END = _Token("")
-_COMMA = _Token(",")
-
-
-def _list_tokens(node: list[Any]) -> Iterator[Any]:
-    for index, element in enumerate(node):
-        if index:
-            yield _COMMA
-        yield element
-    yield _Token("]")
-
-
-def _dict_tokens(node: Mapping[Any, Any]) -> Iterator[Any]:
-    for index, (key, item) in enumerate(node.items()):
-        yield _Token(("," if index else "") + compact_json(key if isinstance(key, str) else str(key)) + ":")
-        yield item
-    yield _Token("}")
+    Rendered whole (orjson, in C): _records renders a part at most twice per level of nesting
+    above it, and stops at MAX_DEPTH levels, so the digest of a document stays linear in it."""
+    text = compact_json(value)
+    return (text, True) if len(text) <= limit else (text[:limit], False)
 
 
 def _error_lines(text: str) -> list[str]:
