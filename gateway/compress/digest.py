@@ -42,6 +42,7 @@ span that stays dropped yields the same bytes on every request.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -329,9 +330,11 @@ def _json_lines(text: str) -> list[str] | None:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{":
         return None
+    # json, not orjson: orjson reads an integer past 64 bits as a float, which would print
+    # another number than the record holds.
     try:
-        values = [orjson.loads(stripped)]
-    except orjson.JSONDecodeError:
+        values = [json.loads(stripped)]
+    except (ValueError, RecursionError):
         values = []
         for line in stripped.splitlines():
             line = line.strip()
@@ -340,8 +343,8 @@ def _json_lines(text: str) -> list[str] | None:
             if line[0] not in "[{":
                 return None
             try:
-                values.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
+                values.append(json.loads(line))
+            except (ValueError, RecursionError):
                 return None
     out: list[str] = []
     for value in values:
@@ -352,7 +355,8 @@ def _json_lines(text: str) -> list[str] | None:
 def _records(value: Any, context: str, out: list[str], depth: int = 0) -> None:
     """Append to `out` the lines of `value`: whole if it fits a line, else by its parts.
 
-    A list is read by its elements (a list of records always, one of scalars if too long).
+    A list is read by its elements (a list of records always, one of long strings if too
+    long); a list of numbers or short strings too long is one line cut at its end.
     A dict too long for one line is packed, field by field, into lines that each begin with
     its label (its first short scalar field that names it, like an id, else its first short
     scalar field) and say "…" where fields are left out:
@@ -364,12 +368,19 @@ def _records(value: Any, context: str, out: list[str], depth: int = 0) -> None:
     room = ITEM_CHARS - len(context)
     if depth >= MAX_DEPTH:
         text, complete = _rendered(value, room - 1)
-        out.append(context + (text if complete else text + "…"))
+        out.append(context + (text if complete else text + "…"))  # deep JSON: text, not records
         return
     records = isinstance(value, list) and any(isinstance(element, list | dict) for element in value)
     whole = None if records else _compact(value, room)
     if whole is not None:
         out.append(context + whole)
+    elif (
+        isinstance(value, list)
+        and not records
+        and all(not isinstance(element, str) or len(element) <= LABEL_CHARS for element in value)
+    ):  # numbers, names: one value, cut after an element (not a line for each of 1,536 floats)
+        text, _ = _rendered(value, room - 2)
+        out.append(context + text[: max(text.rfind(","), 1)] + ",…")
     elif isinstance(value, list):
         for element in value:
             _records(element, context, out, depth + 1)

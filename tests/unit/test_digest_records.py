@@ -84,10 +84,15 @@ def test_a_flight_in_the_digest_carries_its_own_prices_not_another_flights() -> 
 
 def test_records_of_a_list_are_not_taken_for_corrections_of_each_other() -> None:
     # JSON lines: every record states "port"; the later ones do not correct the earlier.
-    hosts = "\n".join(json.dumps({"host": f"db-{i}.internal", "port": 5430 + i}) for i in range(3))
+    # A serial past 64 bits is printed as the record holds it, digit for digit.
+    hosts = "\n".join(
+        json.dumps({"host": f"db-{i}.internal", "port": 5430 + i, "serial": 2**70 + i}) for i in range(3)
+    )
     lines = fact_lines(digest(searched(hosts, "list_hosts"), ROOM, COUNT))
     for i in range(3):
-        assert any(f"db-{i}.internal" in line and str(5430 + i) in line for line in lines), lines
+        assert any(
+            f"db-{i}.internal" in line and str(5430 + i) in line and str(2**70 + i) in line for line in lines
+        ), lines
 
 
 def test_a_record_too_long_for_one_line_is_split_into_lines_that_each_name_it() -> None:
