@@ -367,8 +367,7 @@ def _records(value: Any, context: str, out: list[str], depth: int = 0) -> None:
     """
     room = ITEM_CHARS - len(context)
     if depth >= MAX_DEPTH:
-        text, complete = _rendered(value, room - 1)
-        out.append(context + (text if complete else text + "…"))  # deep JSON: text, not records
+        out.append(context + _cut(compact_json(value), room))  # deep JSON: text, not records
         return
     records = isinstance(value, list) and any(isinstance(element, list | dict) for element in value)
     whole = None if records else _compact(value, room)
@@ -509,22 +508,32 @@ def _arguments(arguments: Any) -> str:
 def _argument(value: Any) -> str:
     text = value if isinstance(value, str) else compact_json(value)
     text = " ".join(text.split())
-    return text if len(text) <= ARG_CHARS else text[: ARG_CHARS - 1] + "…"
+    return _cut(text, ARG_CHARS)
 
 
 def _clip(text: str) -> str:
-    """`text` on one line, cut at its end (at a space if one is near) and marked "…" if too long.
+    """`text` on one line, cut at its end if too long (_cut).
 
     Only the end: a head and a tail joined would make one statement of two pieces of text
     that were not adjacent (the head of one record with the tail of another)."""
-    text = " ".join(text.split())
-    if len(text) <= ITEM_CHARS:
+    return _cut(" ".join(text.split()), ITEM_CHARS)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text` if at most `limit` characters, else its head marked "…", cut at a space if one is
+    in the last quarter, and never inside a number (`114` cut to `11…` would be another price)."""
+    if len(text) <= limit:
         return text
-    cut = text[: ITEM_CHARS - 1]
+    cut = text[: limit - 1]
     space = cut.rfind(" ")
-    if space >= ITEM_CHARS * 3 // 4:
+    if space >= limit * 3 // 4:
         cut = cut[:space]
+    while cut and cut[-1] in _NUMBER_CHARS and text[len(cut)] in _NUMBER_CHARS:
+        cut = cut[:-1]
     return cut.rstrip() + "…"
+
+
+_NUMBER_CHARS = frozenset("0123456789.")
 
 
 def _assignment(line: str) -> tuple[str, str] | None:

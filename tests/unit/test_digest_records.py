@@ -125,6 +125,12 @@ def test_a_long_sentence_is_cut_at_its_end_not_joined_to_its_tail() -> None:
     lines = fact_lines(digest([{"role": "assistant", "content": sentence}], ROOM, COUNT))
     assert len(lines) == 1 and lines[0].endswith("…")
     assert sentence.startswith(lines[0][:-1]) and "db-9" not in lines[0]
+    # and never inside a number: a price cut from 1000041 to 10000 would be another price
+    orders = [str(1_000_000 + i) for i in range(60)]
+    (line,) = fact_lines(
+        digest([{"role": "assistant", "content": "Orders: " + ",".join(orders)}], ROOM, COUNT)
+    )
+    assert line.endswith("…") and set(re.findall(r"\d+", line)) <= set(orders), line
 
 
 def test_an_error_in_a_long_line_of_records_is_quoted_with_its_own_record_only() -> None:
