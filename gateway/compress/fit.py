@@ -1371,7 +1371,11 @@ class _Fitter:
             if self._unit_size(unit) <= share or room <= 0:
                 break
             aged = placed[k][1]
-            forms = (self._form(k, level) for level in self._step_trim_levels(unit))
+            ladder = self._step_trim_levels(unit)
+            # Trims of megabytes are condensed from the first cap whose estimate fits (and the one
+            # before it: a trim can come in under its cap), not once per halving from the top.
+            first = next((i for i, (_, size) in enumerate(ladder) if size <= aged + room), len(ladder))
+            forms = (self._form(k, level) for level, _ in ladder[max(0, first - 1) : first + 2])
             fitting = next(((f, tokens) for f, tokens in forms if aged < tokens <= aged + room), None)
             if fitting is None:
                 break
@@ -1379,22 +1383,25 @@ class _Fitter:
             room -= fitting[1] - aged
         return kept
 
-    def _step_trim_levels(self, unit: Unit) -> list[int]:
-        """Levels for one big step: reasoning dropped, then its results cut to caps from three
-        quarters of its largest result, halving, down to the smallest tool-result cap."""
-        results = [
-            self.sizes[i] for i in range(unit.start, unit.end) if self.messages[i].get("role") != "assistant"
-        ]
+    def _step_trim_levels(self, unit: Unit) -> list[tuple[int, int]]:
+        """(level, estimated tokens) for one big step: reasoning dropped, then its results cut to
+        caps from three quarters of its largest result, halving, down to the smallest
+        tool-result cap (a filled trim comes to about its cap; the cap is each result's, and one
+        message can carry a dozen)."""
+        texts = (text for i in range(unit.start, unit.end) for text in tool_result_texts(self.messages[i]))
+        results = [self.counter.text(text) for text in texts]
+        whole = self._unit_size(unit)
+        rest = whole - sum(results)
         top = max(results, default=0)
         floor = min(self.options.tool_result_caps)
         caps = [top * 3 // 4, *(top >> j for j in range(1, top.bit_length()))]
-        out = [1]  # the reasoning rung: the step whole but for stale reasoning
+        out = [(1, whole)]  # the reasoning rung: the step whole but for stale reasoning
         for cap in (c for c in caps if c >= floor):
             level = self.step_trims.get(cap)
             if level is None:
                 self.levels.append(_Level("tool_results", 1, partial(_trim, self.names, cap, fill=True)))
                 level = self.step_trims[cap] = len(self.levels) - 1
-            out.append(level)
+            out.append((level, rest + sum(min(n, cap) for n in results)))
         return out
 
 

@@ -341,6 +341,31 @@ def test_a_big_result_one_step_back_is_trimmed_to_the_room_not_replaced_by_a_not
     assert "omitted" in trimmed
 
 
+def test_a_dozen_parallel_reads_one_step_back_keep_each_file_cut_to_its_share() -> None:
+    """An agent that reads a dozen files at once (one assistant message of tool_use blocks, one
+    user message carrying the results), then takes a small step: the reads went as notes, 2% of
+    the budget used; each file now keeps its head and tail."""
+    reads = [{"type": "tool_use", "id": f"toolu_{n}", "name": "Read", "input": {"n": n}} for n in range(12)]
+    results = [
+        {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output(n, 60 + 20 * n)}
+        for n in range(12)
+    ]
+    messages = [
+        SYSTEM,
+        TASK,
+        {"role": "assistant", "content": reads},
+        {"role": "user", "content": results},
+        *anthropic_step(99, 3),
+    ]
+    budget = COUNTER.messages(messages) * 2 // 3
+    result = fit(messages, model=MODEL, budget_tokens=budget)
+    assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
+    assert result.tokens_after >= 0.5 * budget  # (on caps that halve: a cap more would not fit)
+    carried = result.messages[3]["content"]
+    for n, part in enumerate(carried):
+        assert part["content"].startswith(f"src/mod_{n}.py:0:")  # every file's head is there
+
+
 def test_a_big_older_step_changes_form_only_when_the_room_crosses_a_cap() -> None:
     """The trimmed form of a big step depends on the room only through a few caps: on a growing
     loop it is re-sent when a cap is crossed, not at every step."""

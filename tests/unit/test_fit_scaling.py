@@ -138,3 +138,35 @@ def test_a_huge_protected_message_is_condensed_a_few_times_not_once_per_halving(
         kept = result.messages[-1]["content"]
         assert kept.startswith(text[:40]) and kept.endswith(text[-40:])
         assert 1 <= condensed.count(len(text)) <= 3, condensed
+
+
+def test_a_huge_older_step_is_condensed_a_few_times_not_once_per_halving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An older step too big for the recent window keeps its result cut to the room left: the cap
+    is found from estimates, and only the caps about it are condensed, not every halving of a
+    log of megabytes."""
+    condensed: list[int] = []
+    real = transforms.condense
+
+    def counting(text: str, max_chars: int, *args: Any, **kwargs: Any) -> str:
+        condensed.append(len(text))
+        return real(text, max_chars, *args, **kwargs)
+
+    monkeypatch.setattr(transforms, "condense", counting)
+    rng = random.Random(11)
+    log = "\n".join(f"job {rng.randrange(10**9)} done" for _ in range(80_000))
+    call = {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    messages = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Run the jobs."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": log},
+        {"role": "assistant", "content": None, "tool_calls": [{**call, "id": "call_2"}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "ok"},
+    ]
+    result = fit(messages, model=MODEL, budget_tokens=20_000)
+    assert result.tokens_after <= 20_000
+    kept = next(m["content"] for m in result.messages if m.get("tool_call_id") == "call_1")
+    assert kept.startswith(log[:40]) and kept.endswith(log[-40:])  # cut, not a note
+    assert 1 <= condensed.count(len(log)) <= 4, condensed
