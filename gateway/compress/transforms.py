@@ -6,11 +6,10 @@ way on every request (cache-stable)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
-
-import re
 
 import orjson
 
@@ -39,6 +38,9 @@ MEDIA_KINDS = {
 # and they are what a failed command, request or test said (any language). Found by `rfind` from
 # the end, C speed on megabytes of output (a regex for "a line holding a cue" backtracks).
 PLACEHOLDER_ERRORS = 2
+# An output is replaced only when its placeholder is at most this share of it, saving a third at
+# least (a bash output of 82 characters, "command not found" twice, went for an 80-character line).
+PLACEHOLDER_MAX_SHARE = 2 / 3
 PLACEHOLDER_ERROR_CHARS = 160
 CJK_CUES = ("错误", "失败", "異常", "异常", "エラー", "失敗", "오류")
 ERROR_CUES = (
@@ -61,7 +63,8 @@ _FAILURE = re.compile(
     r"|permission denied|access denied|segmentation fault|core dumped|connection refused|timed out"
     r"|non-zero exit|panicked at|exception in thread|unhandled exception|uncaught \w*(?:error|exception)"
     r"|\bexit(?:ed)?(?: with)? (?:code|status)\s*[:=]?\s*-?[1-9])"
-    r"|\b[45]\d\d (?i:not found|forbidden|unauthori[sz]ed|bad request|internal server error|service unavailable)"
+    r"|\b[45]\d\d (?i:not found|forbidden|unauthori[sz]ed|bad request|internal server error"
+    r"|service unavailable)"
     r"|:\s*(?i:not found)\s*$"
     # Counts of a test run: `1 failed, 3 passed`, `2 errors`.
     r"|\b[1-9]\d* (?:failed|errors?)\b"
@@ -365,8 +368,8 @@ def placeholder(text: str, name: str, chars_per_token: float) -> str:
     lines = text.count("\n") + 1
     tokens = round(len(text) / chars_per_token)
     line = f"[context-gateway: output of tool `{name}` omitted ({lines:,} lines, ~{tokens:,} tokens)"
-    if len(line) + 1 >= len(text):
-        return text
+    if len(line) + 1 > len(text) * PLACEHOLDER_MAX_SHARE:
+        return text  # it would save too little of the output to lose what it says
     errors = error_lines(text, failed=getattr(name, "failed", False))
     told = f"{line}; it said: {' | '.join(errors)}]"
     # The errors only where they leave the placeholder far smaller than the output: whether an
