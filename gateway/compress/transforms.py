@@ -345,7 +345,7 @@ def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: b
     shrunk = condense_json(text, max_chars, or_smallest=True, fill=fill)
     if shrunk is not None:
         return shrunk
-    if text.lstrip().startswith(("{", "[")) and _is_json(text):
+    if text.lstrip().startswith(("{", "[")) and _writable_json(text):
         return text  # no shrink of it is shorter
     folded = collapse_repeats(text)
     return condense(folded, max_chars, chars_per_token, prose=False, fill=fill)
@@ -480,6 +480,16 @@ def _is_json(text: str) -> bool:
     try:
         orjson.loads(text)
     except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _writable_json(text: str) -> bool:
+    """Whether `text` is JSON that `condense_json` shrinks (nested deeper than orjson writes, it
+    is cut as text)."""
+    try:
+        orjson.dumps(orjson.loads(text))
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return False
     return True
 

@@ -306,6 +306,9 @@ def test_a_json_result_too_big_for_every_cut_that_keeps_its_keys_stays_json() ->
         shrunk = json.loads(out)  # still JSON
         assert shrunk["name"] == record["name"]
         assert any("more keys omitted by context-gateway" in str(value) for value in shrunk.values())
+    # JSON nested deeper than it can be written back is still cut, as text.
+    deep = "[" * 300 + "]" * 300
+    assert len(trim_tool_text(deep * 20, 500, 3.0)) < 600
 
 
 def test_truncate_message_keeps_content_type_and_skips_tool_messages() -> None:
