@@ -61,7 +61,7 @@ _MARKUP = re.compile(r"^\s*<[A-Za-z!/]|</[A-Za-z][\w.:-]*\s*>|<[A-Za-z][\w.:-]*\
 _FAILURE = re.compile(
     r"Traceback \(most recent call last\)|(?i:command not found|no such file or directory"
     r"|permission denied|access denied|segmentation fault|core dumped|connection refused|timed out"
-    r"|non-zero exit|panicked at|exception in thread|unhandled exception|uncaught \w*(?:error|exception)"
+    r"|panicked at|exception in thread|unhandled exception|uncaught \w*(?:error|exception)"
     r"|\bexit(?:ed)?(?: with)? (?:code|status)\s*[:=]?\s*-?[1-9])"
     r"|\b[45]\d\d (?i:not found|forbidden|unauthori[sz]ed|bad request|internal server error"
     r"|service unavailable)"
@@ -80,7 +80,7 @@ _FAILURE = re.compile(
 _LABEL = re.compile(
     r"(?:^|[\s\]|>])(?i:error|err|fatal|panic|failure|failed|exception|critical)(?:\[[\w-]*\])?"
     r"(?::\s+\S|!|\]|\s+\d)"
-    r"|(?:^|\s)[\w.$]*[A-Za-z](?:Error|Exception)(?::\s|$)"
+    r"|(?:^|\s)[\w.$]*[A-Za-z](?:Error|Exception):\s|^\s*(?:E\s+)?[\w.$]*[A-Za-z](?:Error|Exception)\s*$"
 )
 _CODE_TAIL = (";", "{", ",", "(", "=>")
 # Text parts: chat and Anthropic `text`, Responses `input_text` (user side) and `output_text` (model side).

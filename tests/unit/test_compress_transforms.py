@@ -221,6 +221,9 @@ NOT_FAILURES = {
     + "def error_lines(text: str) -> list[str]:\n    except ValueError:\n"
     + "        return handle_error(error_content)\n  error: string;\n  onError: (e: Error) => void;\n",
     "prose about errors": FILLER + "See the guide on error handling and failover for details.\n",
+    "imports and comments": FILLER
+    + "from django.core.exceptions import FieldError, ValidationError\n"
+    + "        # Trigger an AttributeError if this ValidationError\n",
 }
 
 
