@@ -6,6 +6,7 @@ way on every request (cache-stable)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -37,11 +38,51 @@ MEDIA_KINDS = {
 # and they are what a failed command, request or test said (any language). Found by `rfind` from
 # the end, C speed on megabytes of output (a regex for "a line holding a cue" backtracks).
 PLACEHOLDER_ERRORS = 2
+# An output is replaced only when its placeholder is at most this share of it, saving a third at
+# least (a bash output of 82 characters, "command not found" twice, went for an 80-character line).
+PLACEHOLDER_MAX_SHARE = 2 / 3
 PLACEHOLDER_ERROR_CHARS = 160
+CJK_CUES = ("错误", "失败", "異常", "异常", "エラー", "失敗", "오류")
 ERROR_CUES = (
     "error", "exception", "traceback", "fail", "fatal", "panic", "denied", "refused", "timed out",
-    "not found", "错误", "失败", "異常", "异常", "エラー", "失敗", "오류",
+    "not found", "no such file", "exit code", "exit status", "err!", *CJK_CUES,
 )  # fmt: skip
+# A cue word is only where a line found by it reads as a failure report: a source file, a page or a
+# listing holding `error_content` or "Subagent not found" reported nothing (a model reads a
+# placeholder quoting them as the call having failed). Looked at on the line around the cue only.
+ERROR_WINDOW_CHARS = 400  # each side of the cue
+ERROR_LOOKS = 64  # cue lines looked at from the end, at most, before giving up
+# A line of a numbered listing (`cat -n`, an editor's read: `  703→ ...`, a grep of source).
+_NUMBERED_LINE = re.compile(r"\s*\d+(?:→|\t|\s*\|\s|:\s)")
+# Markup: a line opening with a tag, or holding a closing tag or a tag with attributes (a page, a
+# template), not a type's parameters (`List<String>` in a compiler's message).
+_MARKUP = re.compile(r"^\s*<[A-Za-z!/]|</[A-Za-z][\w.:-]*\s*>|<[A-Za-z][\w.:-]*\s+[\w:@.-]+=")
+# Said only by a failure, wherever on the line.
+_FAILURE = re.compile(
+    r"Traceback \(most recent call last\)|(?i:command not found|no such file or directory"
+    r"|permission denied|access denied|segmentation fault|core dumped|connection refused|timed out"
+    r"|panicked at|exception in thread|unhandled exception|uncaught \w*(?:error|exception)"
+    r"|\bexit(?:ed)?(?: with)? (?:code|status)\s*[:=]?\s*-?[1-9])"
+    r"|\b[45]\d\d (?i:not found|forbidden|unauthori[sz]ed|bad request|internal server error"
+    r"|service unavailable)"
+    r"|:\s*(?i:not found)\s*$"
+    # Counts of a test run: `1 failed, 3 passed`, `2 errors`.
+    r"|\b[1-9]\d* (?:failed|errors?)\b"
+    # A status in capitals (`FAILED tests/x.py::t`, `--- FAIL:`, `[ERROR]`), not a constant's name.
+    r"|(?:^|[\s\[|])(?:FAIL(?:ED|URE)?|ERROR|FATAL|CRITICAL|PANIC)(?=[\s:\]|!]|$)(?!\s*=)"
+    # A JSON reply's error: `"error": "invalid token"`, `"error": {"code": 401, ...}`.
+    r"|\"(?i:error)\"\s*:\s*[\"{\[]"
+)
+# A label opening the message, at the start or after a prefix (`error:`, `fatal:`, `error[E0308]:`,
+# `npm ERR!`, `2024-01-01 12:00 Error: ...`, `a.c:3:5: error: ...`), or an exception's name and
+# its message (`KeyError: 'x'`, `E   AssertionError`, `Caused by: a.IOException: x`). Code can
+# have that shape (`error: string;`), so not on a line ending as code does.
+_LABEL = re.compile(
+    r"(?:^|[\s\]|>])(?i:error|err|fatal|panic|failure|failed|exception|critical)(?:\[[\w-]*\])?"
+    r"(?::\s+\S|!|\]|\s+\d)"
+    r"|(?:^|\s)[\w.$]*[A-Za-z](?:Error|Exception):\s|^\s*(?:E\s+)?[\w.$]*[A-Za-z](?:Error|Exception)\s*$"
+)
+_CODE_TAIL = (";", "{", ",", "(", "=>")
 # Text parts: chat and Anthropic `text`, Responses `input_text` (user side) and `output_text` (model side).
 TEXT_KINDS = frozenset({"text", "input_text", "output_text"})
 # Messages that are a tool's answer: `role: tool`, and the legacy functions API's `role: function`.
@@ -267,7 +308,7 @@ def map_tool_results(message: Message, names: Mapping[str, str], fn: TextFn) -> 
     changed = False
     for part in content:
         if isinstance(part, Mapping) and part.get("type") == "tool_result":
-            name = names.get(str(part.get("tool_use_id")), "tool")
+            name = ToolName(names.get(str(part.get("tool_use_id")), "tool"), part.get("is_error") is True)
             inner = _map_text(part.get("content"), partial(_swap, fn, name))
             if inner is not part.get("content"):
                 part = {**part, "content": inner}
@@ -293,14 +334,33 @@ def _swap(fn: TextFn, name: str, text: str) -> str:
 
 
 def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: bool = False) -> str:
-    """Tool output shrunk to about max_chars: JSON by structure, anything else by lines."""
+    """Tool output shrunk to about max_chars: JSON by structure, anything else by lines.
+
+    JSON stays JSON, never a cut of its text (`"email": [… omitted …] "certificate"}}` parses as
+    nothing): where no cut that keeps every key fits, its smallest shrink (its first keys and a
+    count of the rest), as call arguments are cut.
+    """
     if len(text) <= max_chars:
         return text
-    shrunk = condense_json(text, max_chars, fill=fill)
+    shrunk = condense_json(text, max_chars, or_smallest=True, fill=fill)
     if shrunk is not None:
         return shrunk
+    if text.lstrip().startswith(("{", "[")) and _writable_json(text):
+        return text  # no shrink of it is shorter
     folded = collapse_repeats(text)
     return condense(folded, max_chars, chars_per_token, prose=False, fill=fill)
+
+
+class ToolName(str):
+    """A tool's name as `map_tool_results` passes it, knowing whether the call failed: the
+    result said so itself (Anthropic's `is_error: true` on its `tool_result` block)."""
+
+    failed: bool = False
+
+    def __new__(cls, name: str, failed: bool = False) -> ToolName:
+        new = super().__new__(cls, name)
+        new.failed = failed
+        return new
 
 
 def placeholder(text: str, name: str, chars_per_token: float) -> str:
@@ -308,38 +368,57 @@ def placeholder(text: str, name: str, chars_per_token: float) -> str:
     lines = text.count("\n") + 1
     tokens = round(len(text) / chars_per_token)
     line = f"[context-gateway: output of tool `{name}` omitted ({lines:,} lines, ~{tokens:,} tokens)"
-    if len(line) + 1 >= len(text):
-        return text
-    errors = error_lines(text)
+    if len(line) + 1 > len(text) * PLACEHOLDER_MAX_SHARE:
+        return text  # it would save too little of the output to lose what it says
+    errors = error_lines(text, failed=getattr(name, "failed", False))
     told = f"{line}; it said: {' | '.join(errors)}]"
     # The errors only where they leave the placeholder far smaller than the output: whether an
     # output is replaced at all does not depend on what it says.
     return told if errors and len(told) <= len(text) // 2 else line + "]"
 
 
-def error_lines(text: str) -> list[str]:
+def error_lines(text: str, *, failed: bool = False) -> list[str]:
     """The last `PLACEHOLDER_ERRORS` distinct lines of `text` that report an error, each clipped
-    (around the cue when the line is long). Looks at a bounded number of lines from the end."""
+    (around the cue when the line is long). Looks at a bounded number of lines from the end.
+
+    A line holding a cue word reports an error when it reads as one (`reports_error`); in the
+    output of a call that `failed` (its result said so), any line holding a cue."""
     lowered = text.lower()
     if len(lowered) != len(text):  # a few characters lower to two: positions must match the text
         lowered = text
     last = {cue: lowered.rfind(cue) for cue in ERROR_CUES}  # each cue's last place before `end`
     found: list[str] = []
     half = PLACEHOLDER_ERROR_CHARS // 2
-    for _ in range(4 * PLACEHOLDER_ERRORS):  # repeated lines are looked at, not kept twice
+    for _ in range(ERROR_LOOKS):  # repeated lines are looked at, not kept twice
         at = max(last.values())
         if at < 0 or len(found) == PLACEHOLDER_ERRORS:
             break
         start = lowered.rfind("\n", 0, at) + 1
         stop = lowered.find("\n", at)
         stop = len(text) if stop < 0 else stop
-        line = " ".join(text[max(start, at - half) : min(stop, at + half)].split())
-        if line and line not in found:
-            found.insert(0, line)
+        if failed or _reports_error(text, start, stop, at):
+            line = " ".join(text[max(start, at - half) : min(stop, at + half)].split())
+            if line and line not in found:
+                found.insert(0, line)
         for cue, place in last.items():
             if place >= start:
                 last[cue] = lowered.rfind(cue, 0, start)
     return found
+
+
+def _reports_error(text: str, start: int, stop: int, at: int) -> bool:
+    """Whether the line text[start:stop], holding a cue at `at`, reads as a failure report rather
+    than as code, markup or a listing that merely holds the word. Any language, any tool: a
+    traceback, an `error:`/`Error:`/`ERROR` label at the start or after a prefix, an exception's
+    name, `command not found`, a non-zero exit code, `FAILED`, a test run's failure count."""
+    if _NUMBERED_LINE.match(text, start, stop):
+        return False
+    window = text[max(start, at - ERROR_WINDOW_CHARS) : min(stop, at + ERROR_WINDOW_CHARS)]
+    if _MARKUP.search(window):
+        return False
+    if any(cue in window for cue in CJK_CUES) or _FAILURE.search(window):
+        return True
+    return _LABEL.search(window) is not None and not window.rstrip().endswith(_CODE_TAIL)
 
 
 def truncate_message(
@@ -401,6 +480,16 @@ def _is_json(text: str) -> bool:
     try:
         orjson.loads(text)
     except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _writable_json(text: str) -> bool:
+    """Whether `text` is JSON that `condense_json` shrinks (nested deeper than orjson writes, it
+    is cut as text)."""
+    try:
+        orjson.dumps(orjson.loads(text))
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return False
     return True
 

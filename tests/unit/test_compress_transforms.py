@@ -206,6 +206,114 @@ def test_a_placeholder_keeps_the_last_error_lines_of_the_output() -> None:
     assert placeholder("all good\n" * 400, "ls", 4.0).endswith("tokens)]")
 
 
+# What a model read in place of an output that never failed: "omitted (776 lines); it said: 703→
+# <span :if={error.error_content} class="error-content">", and took the Read for a failure.
+FILLER = "".join(f"line {n} of the output, nothing to see\n" for n in range(300))
+NOT_FAILURES = {
+    "numbered read of a template": "".join(f"{n:>6}→   <li>{{item.name}}</li>\n" for n in range(1, 700))
+    + '   703→              <span :if={error.error_content} class="error-content">\n'
+    + "   704→                {String.slice(error.error_content, 0, 100)}\n"
+    + "   705→              </span>\n",
+    "numbered read of code": FILLER
+    + "    41\t    except ValueError:\n    42\t        raise ConfigError(f'bad value: {value}')\n",
+    "a page": FILLER + '<div class="terminal-connecting-title">Subagent not found</div>\n</div>\n',
+    "plain code": FILLER
+    + "def error_lines(text: str) -> list[str]:\n    except ValueError:\n"
+    + "        return handle_error(error_content)\n  error: string;\n  onError: (e: Error) => void;\n",
+    "prose about errors": FILLER + "See the guide on error handling and failover for details.\n",
+    "imports and comments": FILLER
+    + "from django.core.exceptions import FieldError, ValidationError\n"
+    + "        # Trigger an AttributeError if this ValidationError\n",
+}
+
+
+def test_a_placeholder_quotes_no_error_from_a_listing_a_page_or_code() -> None:
+    for kind, output in NOT_FAILURES.items():
+        line = placeholder(output, "Read", 4.0)
+        assert line.startswith("[context-gateway: output of tool `Read` omitted"), kind
+        assert "it said" not in line and line.endswith("tokens)]"), (kind, line)
+
+
+FAILURES = {
+    "Traceback (most recent call last):\n  File \"a.py\", line 3\nKeyError: 'uid'\n": "KeyError: 'uid'",
+    "   Compiling app v0.1.0\nerror[E0308]: mismatched types\n --> src/main.rs:2:18\n": "error[E0308]",
+    "src/a.c:3:5: error: expected ';' before 'return'\n": "a.c:3:5: error: expected ';'",
+    "bash: crontab: command not found\n": "crontab: command not found",
+    "Exit code 2\nmake: leaving directory\n": "Exit code 2",
+    "FAILED tests/test_auth.py::test_expired - assert 401 == 200\n== 1 failed, 40 passed ==\n": "1 failed",
+    "Error: Cannot find module 'express'\n    at Function.resolve (node:internal)\n": "Cannot find module",
+    "--- FAIL: TestParse (0.00s)\npanic: runtime error: index out of range [3]\n": "panic: runtime error",
+    "A.java:3: error: incompatible types: List<String> cannot be converted to int\n": "incompatible types",
+    "2024-05-01 10:16:40,123 ERROR [main] database db-7 unreachable\n": "db-7 unreachable",
+    '{"error": {"code": 401, "message": "invalid token"}}\n': '"error"',
+    "npm ERR! code E404\n": "npm ERR! code E404",
+    "fatal: not a git repository (or any of the parent directories): .git\n": "fatal: not a git",
+    "ls: cannot access 'build': No such file or directory\n": "No such file or directory",
+    "连接失败：数据库 DB-7 拒绝连接\n": "连接失败",
+}
+
+
+def test_a_placeholder_quotes_the_failures_of_any_tool_and_language() -> None:
+    for output, said in FAILURES.items():
+        line = placeholder(FILLER + output, "run", 4.0)
+        assert "; it said: " in line and said in line.split("; it said: ")[1], (output, line)
+
+
+def test_a_result_that_says_it_failed_keeps_its_error_line_whatever_its_shape() -> None:
+    """Anthropic's `is_error: true`: the tool itself says the call failed, so its cue lines are
+    the failure, even when they read as markup."""
+    text = FILLER + "<tool_use_error>String to replace not found in file.</tool_use_error>"
+    names = {"t": "Edit"}
+
+    def replace(text: str, name: str) -> str:
+        return placeholder(text, name, 4.0)
+
+    def result(**flag: Any) -> dict[str, Any]:
+        block = {"type": "tool_result", "tool_use_id": "t", "content": text, **flag}
+        return {"role": "user", "content": [block]}
+
+    failed = map_tool_results(result(is_error=True), names, replace)["content"][0]["content"]
+    assert failed.startswith("[context-gateway: output of tool `Edit` omitted")
+    assert failed.endswith("it said: <tool_use_error>String to replace not found in file.</tool_use_error>]")
+    for fine in (result(), result(is_error=False)):
+        assert map_tool_results(fine, names, replace)["content"][0]["content"].endswith("tokens)]")
+
+
+def test_an_output_barely_bigger_than_its_placeholder_is_kept() -> None:
+    """An 82-character bash output went for an 80-character placeholder that said less."""
+    output = "\x1b[?2004lbash: crontab: command not found\nbash: crontab: command not found\n\x1b[?2004h"
+    assert placeholder(output, "execute_bash", 1.6) == output
+    assert placeholder(output * 3, "execute_bash", 1.6).startswith("[context-gateway: output of tool")
+
+
+def test_a_json_result_too_big_for_every_cut_that_keeps_its_keys_stays_json() -> None:
+    """A customer record whose every key did not fit its cap was cut as text in the middle
+    (`"email": [… ~232 tokens omitted …] "certificate_2765295"}}`): the model got no JSON."""
+    methods = {
+        f"{kind}_{n}": {"source": kind, "amount": 100 + n, "id": f"{kind}_{n}"}
+        for n, kind in enumerate(("credit_card", "gift_card", "certificate") * 3)
+    }
+    record = {
+        "name": {"first_name": "Mohamed", "last_name": "Silva"},
+        "address": {"address1": "638 Elm Street", "city": "Los Angeles", "zip": "91365"},
+        "email": "mohamed.silva9198@example.com",
+        "dob": "1960-11-26",
+        "payment_methods": methods,
+        "membership": "regular",
+        "reservations": ["K1NW8N"],
+    }
+    text = json.dumps(record)
+    for cap in (700, 400, 200):
+        out = trim_tool_text(text, cap, 2.8)
+        assert len(out) < len(text)
+        shrunk = json.loads(out)  # still JSON
+        assert shrunk["name"] == record["name"]
+        assert any("more keys omitted by context-gateway" in str(value) for value in shrunk.values())
+    # JSON nested deeper than it can be written back is still cut, as text.
+    deep = "[" * 300 + "]" * 300
+    assert len(trim_tool_text(deep * 20, 500, 3.0)) < 600
+
+
 def test_truncate_message_keeps_content_type_and_skips_tool_messages() -> None:
     long = "First sentence. " + "Filler words here. " * 2_000 + "Last sentence."
     as_list = truncate_message({"role": "user", "content": [{"type": "text", "text": long}]}, 800, 4.0)
