@@ -40,17 +40,17 @@ def _answer(status: int, size: int) -> StreamingResponse:
 
 
 @pytest.fixture
-def huge_upstream() -> Iterator[str]:
-    """Answers POST /v1/chat/completions with the status and size its `model` names: `status-MB`."""
+def gateway(start_gateway: GatewayFactory) -> Iterator[str]:
+    """A gateway before an upstream answering POST /v1/chat/completions with the status and size
+    the request's `model` names: `status-MB`."""
 
     async def completions(request: Request) -> StreamingResponse:
         status, megabytes = (await request.json())["model"].split("-")
         return _answer(int(status), int(megabytes) << 20)
 
-    with serve_in_thread(
-        Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
-    ) as url:
-        yield url
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    with serve_in_thread(app) as upstream:
+        yield start_gateway(GATEWAY_UPSTREAM_BASE_URL=upstream + "/v1", GATEWAY_WINDOWS_DISCOVERY="false")
 
 
 def _streamed_size(url: str, model: str) -> tuple[int, int, int]:
@@ -70,32 +70,28 @@ def _streamed_size(url: str, model: str) -> tuple[int, int, int]:
         tracemalloc.stop()
 
 
-def test_an_answer_too_large_to_read_goes_through_without_being_held(
-    huge_upstream: str, start_gateway: GatewayFactory
-) -> None:
-    url = start_gateway(GATEWAY_UPSTREAM_BASE_URL=huge_upstream + "/v1", GATEWAY_WINDOWS_DISCOVERY="false")
+def test_an_answer_too_large_to_read_goes_through_without_being_held(gateway: str) -> None:
     size = 3 * MAX_READ_ANSWER_BYTES
-    status, received, held = _streamed_size(url, f"200-{size >> 20}")
+    status, received, held = _streamed_size(gateway, f"200-{size >> 20}")
     assert status == 200 and received == size + len(
         b'{"id": "chatcmpl-big", "object": "chat.completion", "padding": ""}'
     )
     assert held < 2 * MAX_READ_ANSWER_BYTES  # read whole, it was held twice over: 6x this bound
 
 
-def test_an_error_too_large_to_read_is_relayed_and_a_retryable_one_refused(
-    huge_upstream: str, start_gateway: GatewayFactory
-) -> None:
-    url = start_gateway(GATEWAY_UPSTREAM_BASE_URL=huge_upstream + "/v1", GATEWAY_WINDOWS_DISCOVERY="false")
+def test_an_error_too_large_to_read_is_relayed_and_a_retryable_one_refused(gateway: str) -> None:
     size = 8 * MAX_READ_ERROR_BYTES
-    status, received, held = _streamed_size(url, f"400-{size >> 20}")
+    status, received, held = _streamed_size(gateway, f"400-{size >> 20}")
     assert status == 400 and received > size  # the upstream's own answer, whole
     assert held < size
     # A status the gateway retries (its body kept for the client if every attempt fails): such a
     # body is not read past the bound, and the client gets the gateway's own 502 instead.
-    answer = httpx.post(url + "/chat/completions", json={**HELLO, "model": f"503-{size >> 20}"}, timeout=60)
+    answer = httpx.post(
+        gateway + "/chat/completions", json={**HELLO, "model": f"503-{size >> 20}"}, timeout=60
+    )
     assert answer.status_code == 502
     error = answer.json()["error"]
     assert error["code"] == "upstream_broken" and "error body over" in error["message"]
     # Small answers are still read: an ordinary error comes back whole and parsed by the client.
-    small = httpx.post(url + "/chat/completions", json={**HELLO, "model": "400-0"}, timeout=60)
+    small = httpx.post(gateway + "/chat/completions", json={**HELLO, "model": "400-0"}, timeout=60)
     assert small.status_code == 400 and json.loads(small.content)["id"] == "chatcmpl-big"

@@ -114,20 +114,24 @@ def test_doubling_the_input_about_doubles_the_units_weighed(
     assert sizes[1] <= 2.5 * sizes[0], sizes
 
 
-def test_a_huge_protected_message_is_condensed_a_few_times_not_once_per_halving(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A protected trim tried every cap from three quarters of the message down, each a condense of
-    the whole text: a latest message of 2 MB of distinct short lines into 4k tokens was condensed
-    nine times (2.4 s in fit, 0.8 s now). The scan starts at the cap the room allows."""
-    condensed: list[int] = []
+@pytest.fixture
+def condensed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of every text condensed (transforms.condense) while the test runs."""
+    lengths: list[int] = []
     real = transforms.condense
 
     def counting(text: str, max_chars: int, *args: Any, **kwargs: Any) -> str:
-        condensed.append(len(text))
+        lengths.append(len(text))
         return real(text, max_chars, *args, **kwargs)
 
     monkeypatch.setattr(transforms, "condense", counting)
+    return lengths
+
+
+def test_a_huge_protected_message_is_condensed_a_few_times_not_once_per_halving(condensed: list[int]) -> None:
+    """A protected trim tried every cap from three quarters of the message down, each a condense of
+    the whole text: a latest message of 2 MB of distinct short lines into 4k tokens was condensed
+    nine times (2.4 s in fit, 0.8 s now). The scan starts at the cap the room allows."""
     rng = random.Random(7)
     for lines in (20_000, 80_000):
         text = "\n".join(f"job {rng.randrange(10**9)} done" for _ in range(lines))
@@ -140,20 +144,10 @@ def test_a_huge_protected_message_is_condensed_a_few_times_not_once_per_halving(
         assert 1 <= condensed.count(len(text)) <= 3, condensed
 
 
-def test_a_huge_older_step_is_condensed_a_few_times_not_once_per_halving(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_huge_older_step_is_condensed_a_few_times_not_once_per_halving(condensed: list[int]) -> None:
     """An older step too big for the recent window keeps its result cut to the room left: the cap
     is found from estimates, and only the caps about it are condensed, not every halving of a
     log of megabytes."""
-    condensed: list[int] = []
-    real = transforms.condense
-
-    def counting(text: str, max_chars: int, *args: Any, **kwargs: Any) -> str:
-        condensed.append(len(text))
-        return real(text, max_chars, *args, **kwargs)
-
-    monkeypatch.setattr(transforms, "condense", counting)
     rng = random.Random(11)
     log = "\n".join(f"job {rng.randrange(10**9)} done" for _ in range(80_000))
     call = {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
