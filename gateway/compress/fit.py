@@ -1289,6 +1289,7 @@ class _Fitter:
         marker_at = {k: marker for k, _, marker in spans}
         positions: dict[int, int] = {}
         placed: dict[int, tuple[int, int]] = {}  # old unit kept -> (its first index in out, its tokens)
+        unit_stages: dict[int, set[str]] = {}
         out: list[Message] = []
         # With signed thinking, or a drop: what each message of `out` was (None: a marker, a
         # reshaped form), for the steps `unpinned` takes to text.
@@ -1313,7 +1314,7 @@ class _Fitter:
                     if track:
                         originals.append(None)
             else:
-                stages |= self._stages_of(k, levels[k])
+                unit_stages[k] = self._stages_of(k, levels[k])
                 form, tokens = self.form(k, levels[k])
                 placed[k] = (len(out), tokens)
                 out.extend(form)
@@ -1322,11 +1323,20 @@ class _Fitter:
                     same = len(form) == unit.end - unit.start
                     originals.extend(self.messages[unit.start : unit.end] if same else [None] * len(form))
         if not protected:
-            for k, (form, tokens) in self._kept_big_steps(levels, placed, self.target - after).items():
+            for k, (level, form, tokens) in self._kept_big_steps(levels, placed, self.target - after).items():
                 start, aged = placed[k]
                 out[start : start + len(form)] = form
                 after += tokens - aged
-                stages.add("tool_results")
+                unit_stages[k] = (
+                    {self.levels[level].stage}
+                    if any(
+                        new is not old
+                        for new, old in zip(form, self.messages[self.old[k].start :], strict=False)
+                    )
+                    else set()
+                )
+        for unit_stage in unit_stages.values():
+            stages |= unit_stage
         if track:
             for index, message in unpinned(out, originals, self.counter.message).items():
                 after += self.counter.message(message) - self.counter.message(out[index])
@@ -1349,9 +1359,9 @@ class _Fitter:
 
     def _kept_big_steps(
         self, levels: list[int], placed: Mapping[int, tuple[int, int]], room: int
-    ) -> dict[int, tuple[Form, int]]:
+    ) -> dict[int, tuple[int, Form, int]]:
         """The newest older steps too big for the window, with their results trimmed to the room
-        left, newest first, instead of their aged form.
+        left, newest first, instead of their aged form: (level, form, tokens) by old unit.
 
         A step larger than the window's share (a file read, a build log, a page state) never fits
         the recent window, and its note frees more than the window can grow into before it
@@ -1363,7 +1373,7 @@ class _Fitter:
         trimming every step over a quantum this way cost 0.09 of prefix stability.
         """
         share = self.budget * self.options.recent_steps_ratio
-        kept: dict[int, tuple[Form, int]] = {}
+        kept: dict[int, tuple[int, Form, int]] = {}
         for k in range(len(self.old) - 1, self.first_step - 1, -1):
             unit = self.old[k]
             if k not in placed or self._effective(k, levels[k]) != self.aged_level:
@@ -1375,12 +1385,12 @@ class _Fitter:
             # Trims of megabytes are condensed from the first cap whose estimate fits (and the one
             # before it: a trim can come in under its cap), not once per halving from the top.
             first = next((i for i, (_, size) in enumerate(ladder) if size <= aged + room), len(ladder))
-            forms = (self._form(k, level) for level, _ in ladder[max(0, first - 1) : first + 2])
-            fitting = next(((f, tokens) for f, tokens in forms if aged < tokens <= aged + room), None)
+            forms = ((level, *self._form(k, level)) for level, _ in ladder[max(0, first - 1) : first + 2])
+            fitting = next((found for found in forms if aged < found[2] <= aged + room), None)
             if fitting is None:
                 break
             kept[k] = fitting
-            room -= fitting[1] - aged
+            room -= fitting[2] - aged
         return kept
 
     def _step_trim_levels(self, unit: Unit) -> list[tuple[int, int]]:

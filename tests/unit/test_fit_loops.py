@@ -339,6 +339,7 @@ def test_a_big_result_one_step_back_is_trimmed_to_the_room_not_replaced_by_a_not
     trimmed = str(result.messages[3]["content"])
     assert "src/mod_0.py:0:" in trimmed and "src/mod_0.py:899:" in trimmed  # its head and its tail
     assert "omitted" in trimmed
+    assert result.stages == ("tool_results",)  # what the response header says was done
 
 
 def test_a_dozen_parallel_reads_one_step_back_keep_each_file_cut_to_its_share() -> None:
