@@ -41,7 +41,7 @@ note, the assistant's own text and long arguments are cut to `aged_step_cap`),
 so an aged step changes form once, not once per rung. The exception is a step larger than the
 window's share (a file read, a build log): as a note it freed more than the window could take,
 and a loop 300 tokens over budget kept 5% of it, so the newest such steps keep their results cut
-to the room left, on caps of their own (`_kept_big_steps`). Agents that reason aloud
+to the room left, on a few caps fixed by the budget (`_kept_big_steps`). Agents that reason aloud
 before each call spend a quarter to a half of a loop on that text: kept whole,
 it made aged steps too big to keep (on public SWE-bench transcripts at 1/3,
 40% of the calls kept before, 62% after; on a second set, 45% with the text
@@ -1366,11 +1366,13 @@ class _Fitter:
         A step larger than the window's share (a file read, a build log, a page state) never fits
         the recent window, and its note frees more than the window can grow into before it
         moves: a 9,800-token loop fitted into 9,500 kept 519 tokens, the file the agent had just
-        read reduced to a line. Such a step keeps its results cut to the largest cap of its own
-        ladder that the room allows (the whole step first, then three quarters of its largest
-        result, then halving), so its form changes only when the room crosses a cap. Smaller
-        steps keep their one change of form: measured on bench/quality.py's loops at 1/6,
-        trimming every step over a quantum this way cost 0.09 of prefix stability.
+        read reduced to a line. Such a step keeps its results cut to the largest cap the room
+        allows: the whole step, then each result at most half the budget, a quarter, an eighth…
+        Each form change re-sends the prompt from the step on, so the caps are fixed by the
+        budget, the same for every request of a conversation: caps from the result's own size
+        (three quarters, then halving) used the room better but, on Claude Code sessions at
+        1/3 of their size, cost 0.09 of prefix stability where these cost 0.06; trimming every
+        step over a quantum cost 0.09 on bench/quality.py's loops at 1/6.
         """
         share = self.budget * self.options.recent_steps_ratio
         kept: dict[int, tuple[int, Form, int]] = {}
@@ -1395,8 +1397,8 @@ class _Fitter:
 
     def _step_trim_levels(self, unit: Unit) -> list[tuple[int, int]]:
         """(level, estimated tokens) for one big step: reasoning dropped, then its results cut to
-        caps from three quarters of its largest result, halving, down to the smallest
-        tool-result cap (a filled trim comes to about its cap; the cap is each result's, and one
+        half the budget, halving (the caps under its largest result and over the smallest
+        tool-result cap; a filled trim comes to about its cap, which is each result's: one
         message can carry a dozen)."""
         texts = (text for i in range(unit.start, unit.end) for text in tool_result_texts(self.messages[i]))
         results = [self.counter.text(text) for text in texts]
@@ -1404,7 +1406,8 @@ class _Fitter:
         rest = whole - sum(results)
         top = max(results, default=0)
         floor = min(self.options.tool_result_caps)
-        caps = [top * 3 // 4, *(top >> j for j in range(1, top.bit_length()))]
+        half = int(self.budget * self.options.cut_quantum) * 2
+        caps = [c for c in (half >> j for j in range(half.bit_length())) if c < top]
         out = [(1, whole)]  # the reasoning rung: the step whole but for stale reasoning
         for cap in (c for c in caps if c >= floor):
             level = self.step_trims.get(cap)

@@ -334,7 +334,7 @@ def test_a_big_result_one_step_back_is_trimmed_to_the_room_not_replaced_by_a_not
     budget = COUNTER.messages(messages) - 300
     result = fit(messages, model=MODEL, budget_tokens=budget)
     assert result.tokens_after <= budget and validate_chat_messages(result.messages) is None
-    assert result.tokens_after >= 0.7 * budget
+    assert result.tokens_after >= 0.45 * budget  # the read at its largest cap: half the budget
     assert all(any(m is out for out in result.messages) for m in small)  # the newest step whole
     trimmed = str(result.messages[3]["content"])
     assert "src/mod_0.py:0:" in trimmed and "src/mod_0.py:899:" in trimmed  # its head and its tail
