@@ -1466,4 +1466,6 @@ def _aged(cap: int, message: Message, cpt: float) -> Message:
 
 def _placeholder(names: Mapping[str, str], message: Message, cpt: float) -> Message:
     message = omit_tool_result_media(message)
-    return map_tool_results(message, names, lambda text, name: placeholder(text, name, cpt))
+    return map_tool_results(
+        message, names, lambda text, result: placeholder(text, result.name, cpt, failed=result.failed)
+    )

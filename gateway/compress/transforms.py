@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -17,7 +18,18 @@ from gateway.compress.condense import collapse_repeats, condense, condense_json
 from gateway.tokens.formats import compact_json
 
 Message = Mapping[str, Any]
-TextFn = Callable[[str, str], str]  # (text, tool name) -> new text
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool result says of itself besides its text: its tool's name, and whether the call
+    failed (Anthropic's `is_error: true` on a `tool_result` block; OpenAI's results say nothing)."""
+
+    name: str
+    failed: bool = False
+
+
+TextFn = Callable[[str, ToolResult], str]  # (text, the result it is in) -> new text
 
 # Reasoning kept as plain text, which a protected message's trim may cut (signed thinking never).
 TEXT_REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -299,7 +311,7 @@ def map_tool_results(message: Message, names: Mapping[str, str], fn: TextFn) -> 
             name = names.get(str(message.get("tool_call_id")), "tool")
         else:
             name = str(message.get("name", "tool"))
-        content = _map_text(message.get("content"), partial(_swap, fn, name))
+        content = _map_text(message.get("content"), partial(_swap, fn, ToolResult(name)))
         return message if content is message.get("content") else {**message, "content": content}
     content = message.get("content")
     if role != "user" or not isinstance(content, list):
@@ -308,8 +320,9 @@ def map_tool_results(message: Message, names: Mapping[str, str], fn: TextFn) -> 
     changed = False
     for part in content:
         if isinstance(part, Mapping) and part.get("type") == "tool_result":
-            name = ToolName(names.get(str(part.get("tool_use_id")), "tool"), part.get("is_error") is True)
-            inner = _map_text(part.get("content"), partial(_swap, fn, name))
+            name = names.get(str(part.get("tool_use_id")), "tool")
+            result = ToolResult(name, part.get("is_error") is True)
+            inner = _map_text(part.get("content"), partial(_swap, fn, result))
             if inner is not part.get("content"):
                 part = {**part, "content": inner}
                 changed = True
@@ -321,7 +334,7 @@ def tool_result_texts(message: Message) -> list[str]:
     """The texts of every tool result in a message, in either wire format."""
     texts: list[str] = []
 
-    def collect(text: str, _: str) -> str:
+    def collect(text: str, _: ToolResult) -> str:
         texts.append(text)
         return text
 
@@ -329,8 +342,8 @@ def tool_result_texts(message: Message) -> list[str]:
     return texts
 
 
-def _swap(fn: TextFn, name: str, text: str) -> str:
-    return fn(text, name)
+def _swap(fn: TextFn, result: ToolResult, text: str) -> str:
+    return fn(text, result)
 
 
 def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: bool = False) -> str:
@@ -351,26 +364,15 @@ def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: b
     return condense(folded, max_chars, chars_per_token, prose=False, fill=fill)
 
 
-class ToolName(str):
-    """A tool's name as `map_tool_results` passes it, knowing whether the call failed: the
-    result said so itself (Anthropic's `is_error: true` on its `tool_result` block)."""
-
-    failed: bool = False
-
-    def __new__(cls, name: str, failed: bool = False) -> ToolName:
-        new = super().__new__(cls, name)
-        new.failed = failed
-        return new
-
-
-def placeholder(text: str, name: str, chars_per_token: float) -> str:
-    """One line standing for a tool output: its size, and its last error lines when it has any."""
+def placeholder(text: str, name: str, chars_per_token: float, *, failed: bool = False) -> str:
+    """One line standing for a tool output: its size, and its last error lines when it has any
+    (any line with a cue word when the call `failed`, as its result said: `error_lines`)."""
     lines = text.count("\n") + 1
     tokens = round(len(text) / chars_per_token)
     line = f"[context-gateway: output of tool `{name}` omitted ({lines:,} lines, ~{tokens:,} tokens)"
     if len(line) + 1 > len(text) * PLACEHOLDER_MAX_SHARE:
         return text  # it would save too little of the output to lose what it says
-    errors = error_lines(text, failed=getattr(name, "failed", False))
+    errors = error_lines(text, failed=failed)
     told = f"{line}; it said: {' | '.join(errors)}]"
     # The errors only where they leave the placeholder far smaller than the output: whether an
     # output is replaced at all does not depend on what it says.

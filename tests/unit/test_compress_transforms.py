@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.compress.condense import _pieces, collapse_repeats, condense, condense_json
 from gateway.compress.transforms import (
+    ToolResult,
     drop_reasoning,
     map_tool_results,
     omit_media,
@@ -179,8 +180,8 @@ def test_placeholder_names_the_tool_in_both_formats() -> None:
     ]
     names = tool_names(messages)
 
-    def replace(text: str, name: str) -> str:
-        return placeholder(text, name, 4.0)
+    def replace(text: str, result: ToolResult) -> str:
+        return placeholder(text, result.name, 4.0, failed=result.failed)
 
     openai = map_tool_results(messages[1], names, replace)
     assert (
@@ -265,8 +266,8 @@ def test_a_result_that_says_it_failed_keeps_its_error_line_whatever_its_shape() 
     text = FILLER + "<tool_use_error>String to replace not found in file.</tool_use_error>"
     names = {"t": "Edit"}
 
-    def replace(text: str, name: str) -> str:
-        return placeholder(text, name, 4.0)
+    def replace(text: str, result: ToolResult) -> str:
+        return placeholder(text, result.name, 4.0, failed=result.failed)
 
     def result(**flag: Any) -> dict[str, Any]:
         block = {"type": "tool_result", "tool_use_id": "t", "content": text, **flag}
