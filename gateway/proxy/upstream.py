@@ -126,16 +126,10 @@ class UpstreamReply:
             return len(self.buffered_body)
         return self.response.content_length if self.response is not None else None
 
-    async def read(self, idle_timeout: float) -> bytes:
-        """The whole body. Nothing has reached the client yet, so a body that stalls or breaks
-        becomes the gateway's own 504 or 502 rather than an unhandled error."""
-        if self.buffered_body is not None:
-            return self.buffered_body
-        return b"".join([chunk async for chunk in self.read_chunks(idle_timeout)])
-
     async def read_within(self, idle_timeout: float, limit: int) -> bytes | None:
         """The whole body if it holds at most `limit` bytes; else None, and `relayed` gives it to
-        the client as it comes (what was read of it first)."""
+        the client as it comes (what was read of it first). Nothing has reached the client yet,
+        so a body that stalls or breaks becomes the gateway's own 504 or 502."""
         if self.buffered_body is not None:
             return self.buffered_body
         if self.unread is not None:
@@ -395,12 +389,8 @@ class Upstream:
             ) as response:
                 if response.status != 200:
                     return None
-                content = bytearray()
-                async for chunk in response.content.iter_any():
-                    content += chunk
-                    if len(content) > max_bytes:
-                        return None
-                return orjson.loads(content)
+                content = await read_at_most(response.content, max_bytes)
+                return None if len(content) > max_bytes else orjson.loads(content)
         except (aiohttp.ClientError, orjson.JSONDecodeError, ValueError, UnicodeError):
             return None
 

@@ -8,9 +8,11 @@ limit (300 MB: +990 MB as a 200, +600 MB as a 400).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from gateway.proxy.upstream import MAX_READ_ANSWER_BYTES, MAX_READ_ERROR_BYTES
+from gateway.proxy.upstream import MAX_READ_ANSWER_BYTES, MAX_READ_ERROR_BYTES, Upstream
+from gateway.settings import UpstreamSettings
 from tests.conftest import GatewayFactory
 from tests.fakes.serve import serve_in_thread
 
@@ -95,3 +98,25 @@ def test_an_error_too_large_to_read_is_relayed_and_a_retryable_one_refused(gatew
     # Small answers are still read: an ordinary error comes back whole and parsed by the client.
     small = httpx.post(gateway + "/chat/completions", json={**HELLO, "model": "400-0"}, timeout=60)
     assert small.status_code == 400 and json.loads(small.content)["id"] == "chatcmpl-big"
+
+
+def test_a_look_up_answer_past_its_bound_is_no_answer() -> None:
+    """Window discovery reads a model listing of at most `max_bytes` (OpenRouter's is hundreds of
+    KB): one larger is not read on, and counts as no answer."""
+
+    async def listing(request: Request) -> StreamingResponse:
+        return _answer(200, int(request.query_params["mb"]) << 20)
+
+    async def fetch(base: str) -> tuple[Any, Any]:
+        upstream = Upstream(UpstreamSettings(base_url=base))
+        await upstream.start()
+        try:
+            small = await upstream.fetch_json("GET", base + "/models?mb=1", {}, None, max_bytes=2 << 20)
+            large = await upstream.fetch_json("GET", base + "/models?mb=3", {}, None, max_bytes=2 << 20)
+        finally:
+            await upstream.close()
+        return small, large
+
+    with serve_in_thread(Starlette(routes=[Route("/v1/models", listing)])) as url:
+        small, large = asyncio.run(fetch(url + "/v1"))
+    assert small["id"] == "chatcmpl-big" and large is None
