@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 
 from gateway.policy.limits import Usage
-from gateway.proxy.relay import prompt_tokens, reported_count, usage_of
+from gateway.proxy.relay import RecentBytes, prompt_tokens, reported_count, usage_of
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _NULL_USAGE = re.compile(rb'\s*,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,\s*')
@@ -45,25 +44,6 @@ def ask_for_usage(payload: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(options, dict) or options.get("include_usage") is True:
         return None
     return {**payload, "stream_options": {**options, "include_usage": True}}
-
-
-class _Tail:
-    """The last `limit` bytes (at least) of what was added, as the pieces it came in: adding a
-    piece copies nothing (a 64 KiB slice taken on every small chunk of a long event did)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.pieces: deque[bytes] = deque()
-        self.size = 0
-
-    def add(self, piece: bytes) -> None:
-        self.pieces.append(piece)
-        self.size += len(piece)
-        while self.size - len(self.pieces[0]) >= self.limit:
-            self.size -= len(self.pieces.popleft())
-
-    def value(self) -> bytes:
-        return b"".join(self.pieces)[-self.limit :]
 
 
 class StreamMeter:
@@ -95,7 +75,7 @@ class StreamMeter:
         self._held_bytes = 0
         self._last = b""
         # The end of an event too long to hold, while it is relayed piece by piece.
-        self._long_tail: _Tail | None = None
+        self._long_tail: RecentBytes | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         if self._long_tail is None and _EVENT_END.search(self._last + chunk) is None:
@@ -147,7 +127,7 @@ class StreamMeter:
         few (they may begin the blank line that ends it); its end so far is kept in `_long_tail`."""
         relayed, self._pending = self._pending[:-SEPARATOR_SPLIT], self._pending[-SEPARATOR_SPLIT:]
         if self._long_tail is None:
-            self._long_tail = _Tail(LONG_EVENT_TAIL)
+            self._long_tail = RecentBytes(LONG_EVENT_TAIL)
         self._long_tail.add(relayed)
         return relayed
 

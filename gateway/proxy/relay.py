@@ -35,6 +35,25 @@ ErrorEvent = Callable[[str, str], bytes]  # (message, code) -> one SSE event in 
 MAX_REPORTED_TOKENS = 1_000_000_000
 
 
+class RecentBytes:
+    """The last `limit` bytes (at least) of what was added, as the pieces it came in: adding a
+    piece copies nothing (a 64 KiB slice taken on every small chunk of a long event did)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pieces: deque[bytes] = deque()
+        self.size = 0
+
+    def add(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.size += len(piece)
+        while self.size - len(self.pieces[0]) >= self.limit:
+            self.size -= len(self.pieces.popleft())
+
+    def value(self) -> bytes:
+        return b"".join(self.pieces)[-self.limit :]
+
+
 def sse_error_event(message: str, code: str) -> bytes:
     """An OpenAI-style error event: the SDKs raise it as an APIError instead of hanging."""
     return b"data: " + error_body(message, type="server_error", code=code) + b"\n\n"
@@ -53,15 +72,12 @@ async def relay_sse(
     ``on_complete`` receives the stream's tail once the upstream finished normally.
     """
     # The last chunks, not a running copy of the tail: copying on every chunk costs more.
-    recent: deque[bytes] = deque((first_chunk,))
-    held = len(first_chunk)
+    recent = RecentBytes(TAIL_LIMIT)
+    recent.add(first_chunk)
     yield first_chunk
     try:
         async for chunk in rest:
-            recent.append(chunk)
-            held += len(chunk)
-            while held - len(recent[0]) >= TAIL_LIMIT:
-                held -= len(recent.popleft())
+            recent.add(chunk)
             yield chunk
     except TimeoutError:
         yield error_event(
@@ -73,7 +89,7 @@ async def relay_sse(
     except aiohttp.ClientError:
         yield error_event("The upstream connection broke in the middle of the stream.", "upstream_broken")
         return
-    on_complete(sse_tail(recent))
+    on_complete(sse_tail(recent.pieces))
 
 
 def sse_tail(chunks: Sequence[bytes]) -> bytes:
