@@ -386,6 +386,19 @@ def _shrink(value: Any, cut: _Cut, memo: dict[int, list[int]]) -> Any:
     return value
 
 
+def json_document(text: str) -> Any:
+    """`text` parsed, when it is a JSON object or array that orjson can write back; else None
+    (nested deeper than orjson writes, 254 levels, JSON is condensed as text)."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        value = orjson.loads(text)
+        orjson.dumps(value)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        return None
+    return value
+
+
 def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill: bool = False) -> str | None:
     """Structure-preserving shrink of a JSON document; None if `text` is not JSON, or if it cannot
     fit and not `or_smallest` (then its smallest shrink, where JSON must stay JSON).
@@ -393,15 +406,10 @@ def condense_json(text: str, max_chars: int, *, or_smallest: bool = False, fill:
     Cuts go in steps, fullest first. At the first step, as many items and as long strings as fit
     are kept; at a later one too with `fill` (a protected message kept at a size), otherwise the
     step as it is (old messages cut to the step, not filled: fuller trims push the rest harder)."""
-    stripped = text.lstrip()
-    if not stripped.startswith(("{", "[")):
+    value = json_document(text)
+    if value is None:
         return None
-    try:
-        value = orjson.loads(text)
-        orjson.dumps(value)  # nested deeper than orjson writes (254 levels): condensed as text
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
-        return None
-    option = orjson.OPT_INDENT_2 if "\n" in stripped else 0
+    option = orjson.OPT_INDENT_2 if "\n" in text.lstrip() else 0
     memo: dict[int, list[int]] = {}
 
     def shrunk(cut: _Cut) -> str:

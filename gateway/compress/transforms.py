@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.compress.condense import collapse_repeats, condense, condense_json
+from gateway.compress.condense import collapse_repeats, condense, condense_json, json_document
 from gateway.tokens.formats import compact_json
 
 Message = Mapping[str, Any]
@@ -358,7 +358,7 @@ def trim_tool_text(text: str, max_chars: int, chars_per_token: float, *, fill: b
     shrunk = condense_json(text, max_chars, or_smallest=True, fill=fill)
     if shrunk is not None:
         return shrunk
-    if text.lstrip().startswith(("{", "[")) and _writable_json(text):
+    if json_document(text) is not None:
         return text  # no shrink of it is shorter
     folded = collapse_repeats(text)
     return condense(folded, max_chars, chars_per_token, prose=False, fill=fill)
@@ -482,16 +482,6 @@ def _is_json(text: str) -> bool:
     try:
         orjson.loads(text)
     except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _writable_json(text: str) -> bool:
-    """Whether `text` is JSON that `condense_json` shrinks (nested deeper than orjson writes, it
-    is cut as text)."""
-    try:
-        orjson.dumps(orjson.loads(text))
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return False
     return True
 
